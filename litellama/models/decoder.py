@@ -154,12 +154,12 @@ def model_class(config):
 # %% ../../nbs/04_models.ipynb #c819750d
 TINY_CONFIGS = {
     "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  num_key_value_heads=2, vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-6,
                   rope_theta=10000.0, tie_word_embeddings=True),
     "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=1, vocab_size=256, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  num_key_value_heads=1, vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-6,
                   rope_theta=1000000.0, tie_word_embeddings=False),
     "qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  num_key_value_heads=2, head_dim=32, vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-6,
                   rope_theta=1000000.0, tie_word_embeddings=True),
 }
