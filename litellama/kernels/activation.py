@@ -53,7 +53,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     _silu_and_mul_kernel[grid](x2, out, x2.shape[0], x2.stride(0), I=I, **cfg)
     return out
 
-# %% ../../kernels_nb/04_activation.ipynb #2c35a9fc
+# %% ../../kernels_nb/04_activation.ipynb #dff0f06b
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 INTERMEDIATE = (3072, 8192, 14336)     # Qwen3-0.6B, Llama-3.2-1B, Llama-3-8B
 
