@@ -26,13 +26,15 @@ $(VENV)/.dev: $(VENV)/.demo
 demo: $(VENV)/.demo
 	$(BIN)/litellama demo
 
+# README.md is generated from nbs/index.ipynb.
 export: $(VENV)/.dev
 	$(BIN)/nbdev-export
+	$(BIN)/jupyter nbconvert --to markdown --stdout nbs/index.ipynb 2>/dev/null > README.md
 
 # Notebooks are the source: cleaning and exporting them must change nothing, untracked files included.
 check-sync: $(VENV)/.dev
 	$(BIN)/nbdev-clean
-	$(BIN)/nbdev-export
+	$(MAKE) --no-print-directory export
 	@if [ -n "$$(git status --porcelain)" ]; then \
 	  echo "Notebooks and package disagree (edit the notebook, then run nbdev-export):"; \
 	  git status --porcelain; exit 1; fi

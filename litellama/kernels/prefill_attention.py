@@ -39,6 +39,7 @@ def _config(device_type: str, dtype: torch.dtype, head_dim: int, max_seqlen_q: i
 def _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
                  stride_kb, stride_ks, stride_kd, offs_d,
                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr):
+    "Fold keys `start .. start + BLOCK_N` of one sequence into the running `(acc, m_i, l_i)` of queries `q`."
     offs_n = start + tl.arange(0, BLOCK_N)
     if PAGE >= BLOCK_N:  # the whole tile sits in one cache block
         rows = tl.load(table + start // PAGE).to(tl.int64) * stride_kb + (offs_n % PAGE) * stride_ks
@@ -73,6 +74,7 @@ def _prefill_kernel(Q, K, V, O, CU_Q, SEQ_LENS, BLOCK_TABLES, qk_scale, num_seqs
                     stride_ot, stride_oh, stride_od, stride_bt,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    "One query tile of one sequence, one query head: causal attention over the sequence's paged K/V."
     head = tl.program_id(0)
     slot = num_slots - 1 - tl.program_id(1)  # longest tiles first
     lo = 0 * num_seqs  # binary search: the last sequence whose first slot is <= slot
@@ -124,6 +126,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     B = seq_lens.shape[0]
     assert k_cache.shape == v_cache.shape and k_cache.shape[-1] == D, "caches must be [num_blocks, block_size, Hk, D]"
     assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share one layout"
+    assert q.dtype == k_cache.dtype == v_cache.dtype, f"q is {q.dtype} but the cache is {k_cache.dtype}"
     assert Hq % Hk == 0, f"{Hq} query heads cannot be grouped over {Hk} kv heads"
     assert D >= 16 and D & (D - 1) == 0, f"head_dim must be a power of two >= 16, got {D}"
     assert page & (page - 1) == 0, f"block_size must be a power of two, got {page}"
@@ -145,7 +148,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #0c6339fa
 def random_paged_kv(seq_lens: list, num_kv_heads: int, head_dim: int, block_size: int = 16, dtype=torch.float32,
-                    device="cpu", unused: float = 0.0, seed: int = 0):
+                    device="cpu", unused: float | None = None, seed: int = 0):
     "Random `(k_cache, v_cache, block_tables)` holding `seq_lens[b]` tokens of each sequence in shuffled blocks."
     g = torch.Generator().manual_seed(seed)
     nblocks = [-(-n // block_size) for n in seq_lens]
@@ -157,7 +160,7 @@ def random_paged_kv(seq_lens: list, num_kv_heads: int, head_dim: int, block_size
     gd = torch.Generator(device=device).manual_seed(seed)
     shape = (pool, block_size, num_kv_heads, head_dim)
     k, v = (torch.randn(shape, generator=gd, device=device, dtype=dtype) for _ in range(2))
-    if unused != 0.0:
+    if unused is not None:  # fill every slot that holds no token
         used = torch.zeros(pool * block_size, dtype=torch.bool)
         for b, n in enumerate(seq_lens):
             pos = torch.arange(n)

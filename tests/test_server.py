@@ -1,0 +1,352 @@
+"""The OpenAI-compatible server (`litellama.server`), end to end: a real uvicorn server in a subprocess over a tiny
+random checkpoint, driven by the official `openai` client and by httpx."""
+import asyncio, json, math, os, signal, socket, subprocess, sys, tempfile, threading, time
+import pytest
+
+pytest.importorskip("fastapi"); pytest.importorskip("uvicorn"); pytest.importorskip("prometheus_client")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+KEY, MODEL = "sk-test", "tiny"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+def _start_server(model_dir, port, log):
+    code = (f"import sys; from litellama.server import serve; "
+            f"sys.exit(serve({str(model_dir)!r}, host='127.0.0.1', port={port}, api_key={KEY!r}, served_model_name={MODEL!r}, "
+            f"dtype='float32', device='cpu', num_kv_blocks=512))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None: raise RuntimeError(f"server exited with {proc.returncode}; log: {log.name}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200: return proc, url
+        except httpx.HTTPError: pass
+        time.sleep(0.1)
+    proc.kill(); raise RuntimeError("server did not start within 60 s")
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    import torch
+    from litellama.checkpoints import make_random_checkpoint
+    d = tempfile.mkdtemp(prefix="litellama-server-")
+    make_random_checkpoint("tiny-qwen3", d, dtype=torch.float32)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    log = open(os.path.join(model_dir, "server.log"), "w")
+    proc, url = _start_server(model_dir, _free_port(), log)
+    yield url
+    proc.terminate()
+    try: proc.wait(30)
+    except subprocess.TimeoutExpired: proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def _health(url): return httpx.get(url + "/health", timeout=10).json()
+
+
+def _wait_idle(url, timeout=30):
+    "Wait until the engine has nothing running and every KV block is free again."
+    t = time.time()
+    while time.time() - t < timeout:
+        h = _health(url)
+        if h["running"] == 0 and h["waiting"] == 0 and h["num_free_blocks"] == h["num_total_blocks"]: return h
+        time.sleep(0.1)
+    raise AssertionError(f"engine not idle: {h}")
+
+
+def _metric(url, name, **labels):
+    "Sum of the samples of `name` whose labels include `labels`."
+    text, tot = httpx.get(url + "/metrics", timeout=10).text, 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name): continue
+        key, val = line.rsplit(" ", 1)
+        if key.split("{")[0] != name: continue
+        if all(f'{k}="{v}"' in key for k, v in labels.items()): tot += float(val)
+    return tot
+
+
+# ---------------------------------------------------------------------------------------------------- basics
+def test_models_list(client):
+    ids = [m.id for m in client.models.list()]
+    assert ids == [MODEL]
+
+
+def test_completion_plain_and_stream(client):
+    r = client.completions.create(model=MODEL, prompt="Hello, world", max_tokens=12, temperature=0)
+    ch = r.choices[0]
+    assert r.object == "text_completion" and ch.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens <= 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    chunks = list(client.completions.create(model=MODEL, prompt="Hello, world", max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == ch.text
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens and not chunks[-1].choices
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == ch.finish_reason
+
+
+def test_completion_default_max_tokens_and_prompt_shapes(client, server):
+    r = client.completions.create(model=MODEL, prompt="abc", temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 16                      # OpenAI's default for completions
+    ids = httpx.post(server + "/tokenize", json={"prompt": "abc"}, headers=AUTH).json()["tokens"]
+    by_ids = client.completions.create(model=MODEL, prompt=ids, temperature=0, max_tokens=8)
+    by_text = client.completions.create(model=MODEL, prompt="abc", temperature=0, max_tokens=8)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    batch = client.completions.create(model=MODEL, prompt=["abc", "xyz"], temperature=0, max_tokens=8, n=2)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert batch.choices[0].text == batch.choices[1].text == by_text.choices[0].text
+    batch2 = client.completions.create(model=MODEL, prompt=[ids, ids], temperature=0, max_tokens=8)
+    assert [c.text for c in batch2.choices] == [by_text.choices[0].text] * 2
+
+
+def test_completion_logprobs(client):
+    r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert all(x <= 0 for x in lp.token_logprobs) and all(len(t) <= 3 for t in lp.top_logprobs)
+    # greedy: the chosen token is the most likely one
+    assert all(math.isclose(max(t.values()), v, abs_tol=1e-5) for t, v in zip(lp.top_logprobs, lp.token_logprobs))
+
+
+MSGS = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Count to three."}]
+
+
+def test_chat_plain_and_stream(client):
+    r = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=10, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=10, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+
+
+def test_chat_max_completion_tokens_and_default(client):
+    r = client.chat.completions.create(model=MODEL, messages=MSGS, max_completion_tokens=3, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
+
+
+def test_chat_stop(client):
+    full = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=30, temperature=0,
+                                          extra_body={"ignore_eos": True}).choices[0].message.content
+    cands = [c for c in full[3:] if c.isprintable() and c != "\ufffd" and not c.isspace()]
+    if not cands: pytest.skip("no usable stop character in this random model's output")
+    stop = cands[0]
+    for stream in (False, True):
+        kw = dict(model=MODEL, messages=MSGS, max_tokens=30, temperature=0, stop=[stop, "never-seen-xyz"],
+                  extra_body={"ignore_eos": True})
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, **kw))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks); reason = chunks[-1].choices[0].finish_reason
+        else:
+            r = client.chat.completions.create(**kw); text, reason = r.choices[0].message.content, r.choices[0].finish_reason
+        assert text == full[:full.index(stop)] and reason == "stop"
+
+
+def test_chat_n_and_seed(client):
+    kw = dict(model=MODEL, messages=MSGS, max_tokens=12, temperature=1.0, seed=1234, n=2, extra_body={"ignore_eos": True})
+    a, b = client.chat.completions.create(**kw), client.chat.completions.create(**kw)
+    ta, tb = [c.message.content for c in a.choices], [c.message.content for c in b.choices]
+    assert [c.index for c in a.choices] == [0, 1] and ta == tb and ta[0] != ta[1]
+    assert a.usage.completion_tokens == 24
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == i) for i in range(2)]
+    assert streamed == ta
+
+
+def test_chat_logprobs(client):
+    r = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3,
+                                       extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3 and t.bytes == list(t.token.encode())
+        assert math.isclose(t.top_logprobs[0].logprob, t.logprob, abs_tol=1e-5)
+    assert r.choices[0].message.content.startswith(content[0].token.replace("\ufffd", "")[:0])
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=5, temperature=0, logprobs=True,
+                                                 top_logprobs=3, stream=True, extra_body={"ignore_eos": True}))
+    streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.9, 42)])
+def test_stream_equals_non_stream(client, temperature, seed):
+    kw = dict(model=MODEL, max_tokens=20, temperature=temperature, seed=seed, top_p=0.95, extra_body={"ignore_eos": True})
+    plain = client.completions.create(prompt="Once upon a time", **kw).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(prompt="Once upon a time", stream=True, **kw))
+    assert plain == streamed
+    chat_plain = client.chat.completions.create(messages=MSGS, **kw).choices[0].message.content
+    chat_streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(messages=MSGS, stream=True, **kw))
+    assert chat_plain == chat_streamed
+
+
+def test_tokenize_detokenize(server):
+    t = httpx.post(server + "/tokenize", json={"prompt": "hello"}, headers=AUTH).json()
+    assert t["count"] == len(t["tokens"]) > 0
+    assert httpx.post(server + "/detokenize", json={"tokens": t["tokens"]}, headers=AUTH).json()["prompt"] == "hello"
+    c = httpx.post(server + "/tokenize", json={"messages": MSGS}, headers=AUTH).json()
+    assert c["count"] > t["count"]
+
+
+# ---------------------------------------------------------------------------------------------------- load
+def test_64_concurrent_streams(server, client):
+    prompts = [f"Request number {i}: tell me about item {i * 7 % 13}" for i in range(64)]
+    ref = client.completions.create(model=MODEL, prompt=prompts, max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    expected = [c.text for c in sorted(ref.choices, key=lambda c: c.index)]
+    health_latencies, stop = [], threading.Event()
+
+    def poll_health():
+        while not stop.is_set():
+            t = time.perf_counter(); r = httpx.get(server + "/health", timeout=30)
+            assert r.status_code == 200; health_latencies.append(time.perf_counter() - t); time.sleep(0.05)
+
+    async def one(ac, p):
+        s = await ac.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0, stream=True,
+                                        extra_body={"ignore_eos": True})
+        return "".join([c.choices[0].text async for c in s])
+
+    async def all_():
+        ac = openai.AsyncOpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=300)
+        try: return await asyncio.gather(*[one(ac, p) for p in prompts])
+        finally: await ac.close()
+
+    th = threading.Thread(target=poll_health, daemon=True); th.start()
+    try: got = asyncio.run(all_())
+    finally: stop.set(); th.join()
+    assert got == expected
+    assert health_latencies and max(health_latencies) < 5.0
+    _wait_idle(server)
+
+
+def test_client_disconnect_aborts(server):
+    before = _metric(server, "litellama_requests_total", outcome="aborted")
+    body = {"model": MODEL, "prompt": "a long one", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", server + "/v1/completions", json=body, headers=AUTH) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            for _ in range(3): next(lines)
+            assert _health(server)["running"] == 1
+    # leaving the `with` closes the connection mid-stream
+    _wait_idle(server)
+    t = time.time()
+    while _metric(server, "litellama_requests_total", outcome="aborted") < before + 1 and time.time() - t < 10: time.sleep(0.1)
+    assert _metric(server, "litellama_requests_total", outcome="aborted") == before + 1
+
+
+def test_metrics(server):
+    text = httpx.get(server + "/metrics").text
+    for name in ("litellama_requests_total", "litellama_prompt_tokens_total", "litellama_generation_tokens_total",
+                 "litellama_time_to_first_token_seconds_bucket", "litellama_time_per_output_token_seconds_bucket",
+                 "litellama_num_requests_running", "litellama_num_requests_waiting", "litellama_kv_cache_usage_ratio",
+                 "litellama_prefix_cache_hit_tokens"):
+        assert name in text, name
+    assert _metric(server, "litellama_generation_tokens_total") > 0
+    assert _metric(server, "litellama_requests_total", outcome="success") > 0
+
+
+# ---------------------------------------------------------------------------------------------------- errors
+C = "/v1/completions"; CH = "/v1/chat/completions"
+OK = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+OKC = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+BAD = [
+    ("malformed json", C, b"{not json", AUTH, 400, None, "JSON"),
+    ("body not an object", C, [1, 2], AUTH, 400, None, "object"),
+    ("missing model", C, {"prompt": "hi"}, AUTH, 400, "model", None),
+    ("missing prompt", C, {"model": MODEL}, AUTH, 400, "prompt", None),
+    ("prompt wrong type", C, {**OK, "prompt": 123}, AUTH, 400, "prompt", None),
+    ("empty prompt", C, {**OK, "prompt": ""}, AUTH, 400, "prompt", None),
+    ("token id out of range", C, {**OK, "prompt": [1, 10**6]}, AUTH, 400, "prompt", None),
+    ("max_tokens string", C, {**OK, "max_tokens": "ten"}, AUTH, 400, "max_tokens", None),
+    ("max_tokens zero", C, {**OK, "max_tokens": 0}, AUTH, 400, "max_tokens", None),
+    ("max_tokens negative", CH, {**OKC, "max_tokens": -5}, AUTH, 400, "max_tokens", None),
+    ("beyond context", C, {**OK, "max_tokens": 100000}, AUTH, 400, "max_tokens", "512"),
+    ("beyond context chat", CH, {**OKC, "max_tokens": 600}, AUTH, 400, "max_tokens", "512"),
+    ("temperature negative", C, {**OK, "temperature": -1}, AUTH, 400, "temperature", None),
+    ("top_p zero", C, {**OK, "top_p": 0}, AUTH, 400, "top_p", None),
+    ("n zero", C, {**OK, "n": 0}, AUTH, 400, "n", None),
+    ("stop wrong type", C, {**OK, "stop": [1]}, AUTH, 400, "stop", None),
+    ("logprobs too many", C, {**OK, "logprobs": 50}, AUTH, 400, "logprobs", None),
+    ("messages missing", CH, {"model": MODEL}, AUTH, 400, "messages", None),
+    ("messages empty", CH, {**OKC, "messages": []}, AUTH, 400, "messages", None),
+    ("bad role", CH, {**OKC, "messages": [{"role": "robot", "content": "x"}]}, AUTH, 400, "messages", None),
+    ("top_logprobs without logprobs", CH, {**OKC, "top_logprobs": 2}, AUTH, 400, "top_logprobs", None),
+    ("unknown model", C, {**OK, "model": "gpt-9"}, AUTH, 404, "model", "gpt-9"),
+    ("unknown model chat", CH, {**OKC, "model": "gpt-9"}, AUTH, 404, "model", None),
+    ("missing key", C, OK, {}, 401, None, None),
+    ("wrong key", CH, OKC, {"Authorization": "Bearer nope"}, 401, None, None),
+]
+
+
+@pytest.mark.parametrize("name,path,body,headers,status,param,needle", BAD, ids=[b[0] for b in BAD])
+def test_bad_inputs(server, name, path, body, headers, status, param, needle):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(server + path, headers={"Content-Type": "application/json", **headers}, timeout=30, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["type"] == {400: "invalid_request_error", 404: "invalid_request_error", 401: "authentication_error"}[status]
+    if param: assert err["param"] == param, err
+    if needle: assert needle in err["message"], err
+
+
+def test_still_serving_after_bad_inputs(client, server):
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=100000)
+    with pytest.raises(openai.NotFoundError): client.completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server + "/v1", api_key="bad", max_retries=0).models.list()
+    assert client.completions.create(model=MODEL, prompt="still there?", max_tokens=3).choices[0].text is not None
+    assert _health(server)["status"] == "ok"
+    _wait_idle(server)
+
+
+# ---------------------------------------------------------------------------------------------------- benchmark
+def test_bench_serving_smoke(server):
+    from litellama.server import bench_serving
+    res = bench_serving(server, MODEL, rates=[8.0, float("inf")], num_requests=6, prompt_len=12, max_tokens=6, seed=0, api_key=KEY)
+    assert len(res["results"]) == 2
+    for r in res["results"]:
+        assert r["completed"] == 6 and r["failed"] == 0
+        for k in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms", "e2e_median_ms", "e2e_p99_ms", "request_throughput"):
+            assert r[k] is not None and r[k] > 0
+    _wait_idle(server)
+
+
+# ---------------------------------------------------------------------------------------------------- SIGTERM
+def test_sigterm_mid_stream_exits_zero(model_dir):
+    log = open(os.path.join(model_dir, "server-sigterm.log"), "w")
+    proc, url = _start_server(model_dir, _free_port(), log)
+    try:
+        body = {"model": MODEL, "prompt": "go", "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
+        got = []
+        with httpx.Client(timeout=60) as c:
+            with c.stream("POST", url + "/v1/completions", json=body, headers=AUTH) as r:
+                assert r.status_code == 200
+                it = r.iter_lines()
+                for _ in range(3): got.append(next(it))
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    for line in it: got.append(line)     # finishes, or is cut when the graceful period runs out
+                except httpx.HTTPError: pass
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None: proc.kill()
+        log.close()
