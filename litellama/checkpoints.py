@@ -46,8 +46,11 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype=torch.bfloat16) -> Path:
         model.hf_quantizer = None                                   # else save_pretrained refuses
         if hasattr(model.config, "quantization_config"): del model.config.quantization_config
         model.save_pretrained(tmp); tok.save_pretrained(tmp)
-        if out_dir.exists(): shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        if not (out_dir / "config.json").exists():          # another process may have finished first
+            if out_dir.exists(): shutil.rmtree(out_dir)
+            try: tmp.rename(out_dir)
+            except OSError:
+                if not (out_dir / "config.json").exists(): raise
     finally:
         hf_logging.set_verbosity(verbosity)
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)

@@ -6,7 +6,7 @@ Docs: https://litellama.github.io/litellama/nbs/cli.html.md"""
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'cmd_generate', 'cmd_chat', 'run_batch', 'cmd_batch', 'cmd_demo', 'cmd_serve',
-           'cmd_make_random_checkpoint', 'build_parser', 'main']
+           'cmd_make_random_checkpoint', 'cmd_bench', 'build_parser', 'main']
 
 # %% ../nbs/16_cli.ipynb #2f603811
 import argparse, json, os, sys, time
@@ -139,6 +139,13 @@ def cmd_make_random_checkpoint(a):
     print(make_random_checkpoint(a.like, a.out_dir, dtype=resolve_dtype(a.dtype, "cuda")))
 
 # %% ../nbs/16_cli.ipynb #2df7703c
+def cmd_bench(a):
+    "Run a benchmark suite and save its results JSON."
+    from litellama import bench
+    out = a.out or bench.RESULTS
+    if a.suite == "cpu": print(bench.save_results("cpu_vs_hf", bench.cpu_vs_hf(a.model_dir), out))
+    else: bench.gpu_suite(out, like=a.like, parts=tuple(a.parts.split(",")))
+
 def build_parser():
     p = argparse.ArgumentParser(prog="litellama", description="A light, notebook-first LLM inference engine.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -156,6 +163,10 @@ def build_parser():
     s = sub.add_parser("serve", help="OpenAI-compatible server"); _engine_args(s)
     s.add_argument("--host", default="127.0.0.1"); s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None); s.add_argument("--served-model-name", default=None); s.set_defaults(fn=cmd_serve)
+    bn = sub.add_parser("bench", help="benchmarks vs HF transformers, results saved as JSON")
+    bn.add_argument("--suite", choices=["cpu", "gpu"], default="cpu"); bn.add_argument("--model-dir", default=None)
+    bn.add_argument("--like", default="qwen3-0.6b"); bn.add_argument("--parts", default="kernels,w1,w3,w2")
+    bn.add_argument("--out", default=None); bn.set_defaults(fn=cmd_bench)
     m = sub.add_parser("make-random-checkpoint", help="write a randomly initialised checkpoint of a real shape")
     m.add_argument("--like", required=True); m.add_argument("out_dir"); m.add_argument("--dtype", default="bf16")
     m.set_defaults(fn=cmd_make_random_checkpoint)

@@ -268,10 +268,11 @@ class _Run:
             self.done.add((i, out.index)); self.finish_reasons[(i, out.index)] = out.finish_reason
 
     def _record(self):
+        if self.outcome == "error": return          # counted once, by the handler that answers the 400
         m = self.st.metrics
         m.requests.labels(self.endpoint, self.outcome or "aborted").inc()
         for r in self.finish_reasons.values(): m.finish.labels(r).inc()
-        m.prompt_tokens.inc(sum(len(p) for p in self.prompts) * self.params.n)
+        m.prompt_tokens.inc(sum(len(p) for p in self.prompts))
         m.generation_tokens.inc(self.num_out)
         end = time.perf_counter()
         if self.outcome == "success":
@@ -306,7 +307,7 @@ async def completions(st, req):
     run = _Run(st, prompts, params, "completions")
     first, it = await run.first()
     cid, created, n = f"cmpl-{uuid.uuid4().hex}", int(time.time()), params.n
-    usage = lambda: _usage(sum(map(len, prompts)) * n, run.num_out)
+    usage = lambda: _usage(sum(map(len, prompts)), run.num_out)
     head = lambda i: (texts[i] or eng.tokenizer.decode(prompts[i])) if req.echo else ""
     lp = lambda out, off=0: (completion_logprobs(eng.tokenizer, out.token_ids, out.logprobs or [], req.logprobs, off)
                              if req.logprobs is not None else None)
@@ -346,8 +347,10 @@ async def completions(st, req):
                 yield _sse(chunk([{"index": k, "text": out.delta, "logprobs": l,
                                    "finish_reason": _finish(out.finish_reason) if out.finished else None}]))
             if include_usage: yield _sse({**chunk([]), "usage": usage()})
-            yield "data: [DONE]\n\n"
+        except Exception as e:            # headers are gone: report in-band, as OpenAI does
+            yield _sse((e if isinstance(e, APIError) else APIError(f"{type(e).__name__}: {e}", 500, "server_error")).body())
         finally: await it.aclose()
+        yield "data: [DONE]\n\n"
     return stream()
 
 # %% ../nbs/15_server.ipynb #9de41e10
@@ -363,7 +366,7 @@ async def chat_completions(st, req):
     run = _Run(st, [ids], params, "chat")
     first, it = await run.first()
     cid, created, n = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), params.n
-    usage = lambda: _usage(len(ids) * n, run.num_out)
+    usage = lambda: _usage(len(ids), run.num_out)
 
     async def items():
         if first is not None: yield first
@@ -396,8 +399,10 @@ async def chat_completions(st, req):
                 yield _sse(chunk([{"index": out.index, "delta": delta, "logprobs": l,
                                    "finish_reason": _finish(out.finish_reason) if out.finished else None}]))
             if include_usage: yield _sse({**chunk([]), "usage": usage()})
-            yield "data: [DONE]\n\n"
+        except Exception as e:            # headers are gone: report in-band, as OpenAI does
+            yield _sse((e if isinstance(e, APIError) else APIError(f"{type(e).__name__}: {e}", 500, "server_error")).body())
         finally: await it.aclose()
+        yield "data: [DONE]\n\n"
     return stream()
 
 # %% ../nbs/15_server.ipynb #9088bdb8

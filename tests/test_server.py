@@ -18,7 +18,7 @@ def _free_port():
 
 def _start_server(model_dir, port, log):
     code = (f"import sys; from litellama.server import serve; "
-            f"sys.exit(serve({str(model_dir)!r}, host='127.0.0.1', port={port}, api_key={KEY!r}, served_model_name={MODEL!r}, "
+            f"sys.exit(serve({model_dir!r}, host='127.0.0.1', port={port}, api_key={KEY!r}, served_model_name={MODEL!r}, "
             f"dtype='float32', device='cpu', num_kv_blocks=512))")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -347,6 +347,29 @@ def test_sigterm_mid_stream_exits_zero(model_dir):
                     for line in it: got.append(line)     # finishes, or is cut when the graceful period runs out
                 except httpx.HTTPError: pass
         assert proc.wait(60) == 0
+        assert len(got) > 3                                # the stream kept going after the signal
     finally:
         if proc.poll() is None: proc.kill()
         log.close()
+
+
+# ---------------------------------------------------------------------------------------------------- the bundled model
+def test_bundled_model_chat(tmp_path):
+    "The real SmolLM2-135M-Instruct behind the server answers a chat sensibly (skipped if it is not converted yet)."
+    from pathlib import Path
+    if not (Path.home() / ".cache" / "litellama").exists(): pytest.skip("bundled model not converted on this machine")
+    log = open(tmp_path / "server-bundled.log", "w")
+    proc, url = _start_server(None, _free_port(), log)
+    try:
+        c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        msgs = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the capital of France?"}]
+        r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0)
+        text = r.choices[0].message.content
+        assert "Paris" in text, text
+        s = "".join(ch.choices[0].delta.content or "" for ch in
+                    c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0, stream=True))
+        assert s == text
+        assert r.usage.prompt_tokens == httpx.post(url + "/tokenize", json={"messages": msgs}, headers=AUTH).json()["count"]
+    finally:
+        proc.terminate(); proc.wait(30); log.close()
