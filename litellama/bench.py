@@ -22,7 +22,7 @@ def environment() -> dict:
     import transformers
     try: import triton; tv = triton.__version__
     except Exception: tv = None
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+    try: commit = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
     except Exception: commit = ""
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else (platform.processor() or platform.machine())
     return dict(device=dev, cpus=os.cpu_count(), python=platform.python_version(), torch=torch.__version__, triton=tv,

@@ -61,7 +61,8 @@ class ContinuousBatchingEngine:
     def __init__(self, model, config, tokenizer, model_dir=None, *, device="cpu", dtype=torch.float32,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_prefix_caching: bool = True,
                  block_size: int = 16, num_kv_blocks: int | None = None, max_model_len: int | None = None,
-                 kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0):
+                 kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
+                 enforce_eager: bool = False):
         if block_size < 1 or block_size & (block_size - 1): raise ValueError("block_size must be a power of two")
         if max_num_seqs < 1 or max_num_batched_tokens < 1: raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.model, self.config, self.tokenizer, self.model_dir = model, config, tokenizer, model_dir
@@ -69,6 +70,7 @@ class ContinuousBatchingEngine:
         self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
         self.runner = ModelRunner(model, config, block_size, num_kv_blocks, self.device, dtype, max_num_batched_tokens,
                                   kv_cache_memory, gpu_memory_utilization)
+        if self.device.type == "cuda" and not enforce_eager: self.runner.capture_cuda_graphs(max_num_seqs, self.max_model_len)
         self.block_manager = BlockManager(self.runner.num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.eos_ids = self._eos_ids()

@@ -9,7 +9,7 @@ __all__ = ['kv_bytes_per_token', 'ModelRunner']
 
 # %% ../nbs/11_model_runner.ipynb #6a9aa86a
 import torch
-from .attention import ModelInput, build_model_input
+from .attention import AttentionMetadata, ModelInput, build_model_input
 from .scheduler import SchedulerOutput
 
 # %% ../nbs/11_model_runner.ipynb #cd3857a0
@@ -66,4 +66,45 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> torch.Tensor:
         "Run one step; float32 logits for the sequences that complete (in plan order)."
-        return self.model(self.prepare(plan))
+        mi = self.prepare(plan)
+        if getattr(self, "graphs", None) and mi.attn.num_prefills == 0 and len(mi.input_ids) <= self.graph_sizes[-1]:
+            return self._replay(mi)
+        return self.model(mi)
+
+    @torch.inference_mode()
+    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int):
+        "Record one CUDA graph per decode batch size (1, 2, 4, 8, then multiples of 16), all sharing one memory pool."
+        sizes = [b for b in (1, 2, 4, 8) if b <= max_num_seqs] + list(range(16, max_num_seqs + 1, 16))
+        if sizes[-1] < max_num_seqs: sizes.append(max_num_seqs)
+        n, width, dev = sizes[-1], -(-max_model_len // self.block_size), self.device
+        self.static = dict(input_ids=torch.zeros(n, dtype=torch.int64, device=dev), positions=torch.zeros(n, dtype=torch.int64, device=dev),
+                           slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=dev), seq_lens=torch.zeros(n, dtype=torch.int32, device=dev),
+                           block_tables=torch.zeros(n, width, dtype=torch.int32, device=dev), logits_indices=torch.arange(n, device=dev))
+        self.graph_sizes, self.graphs, self.max_model_len, pool = sizes, {}, max_model_len, None
+        for bs in reversed(sizes):
+            mi = self._static_input(bs)
+            self.model(mi); torch.cuda.synchronize(dev)          # compile kernels and warm up outside the graph
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool): out = self.model(mi)
+            pool = g.pool()
+            self.graphs[bs] = (g, out)
+        torch.cuda.synchronize(dev)
+
+    def _static_input(self, bs: int) -> ModelInput:
+        s = self.static
+        attn = AttentionMetadata(s["slot_mapping"][:bs], s["seq_lens"][:bs], s["block_tables"][:bs],
+                                 torch.zeros(1, dtype=torch.int32, device=self.device), 0, 0, 0, self.max_model_len)
+        return ModelInput(s["input_ids"][:bs], s["positions"][:bs], attn, s["logits_indices"][:bs])
+
+    def _replay(self, mi: ModelInput) -> torch.Tensor:
+        "Copy a decode step into the static buffers of the smallest captured size that fits, replay, return its logits."
+        n = len(mi.input_ids)
+        bs = next(b for b in self.graph_sizes if b >= n)
+        s, w = self.static, mi.attn.block_tables.shape[1]
+        s["input_ids"][:n].copy_(mi.input_ids); s["positions"][:n].copy_(mi.positions)
+        s["slot_mapping"][:n].copy_(mi.attn.slot_mapping); s["slot_mapping"][n:bs].fill_(-1)
+        s["seq_lens"][:n].copy_(mi.attn.seq_lens); s["seq_lens"][n:bs].fill_(0)
+        s["block_tables"][:n, :w].copy_(mi.attn.block_tables)
+        g, out = self.graphs[bs]
+        g.replay()
+        return out[:n]
