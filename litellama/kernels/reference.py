@@ -62,12 +62,12 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 # %% ../../kernels_nb/00_reference.ipynb #f3f64dad
 def _attend(q, k, v, scale, q_start):
     "Causal attention of `q` `[Tq, Hq, D]` at positions `q_start..` over `k, v` `[Tk, Hk, D]`, in float32."
-    group = q.shape[1] // k.shape[1]
-    k, v = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
-    qpos = torch.arange(q.shape[0], device=q.device)[:, None] + q_start
-    scores.masked_fill_(torch.arange(k.shape[0], device=q.device)[None] > qpos, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
+    q, k, v = (t.float().transpose(0, 1)[None] for t in (q, k, v))          # [1, heads, tokens, D]
+    Tq, Tk = q.shape[2], k.shape[2]
+    causal = dict(is_causal=True) if q_start == 0 and Tq == Tk else \
+        dict(attn_mask=torch.arange(Tk, device=q.device)[None] <= torch.arange(Tq, device=q.device)[:, None] + q_start)
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True, **causal)
+    return out[0].transpose(0, 1)
 
 # %% ../../kernels_nb/00_reference.ipynb #a5b26111
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -80,7 +80,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         s, e = cu[b], cu[b + 1]
         if e == s: continue
         k, v = gather_kv(k_cache, block_tables[b], lens[b]), gather_kv(v_cache, block_tables[b], lens[b])
-        out[s:e] = _attend(q[s:e], k, v, scale, q_start=lens[b] - (e - s))
+        out[s:e] = _attend(q[s:e], k, v, scale, q_start=lens[b] - (e - s)).to(q.dtype)
     return out
 
 # %% ../../kernels_nb/00_reference.ipynb #288134ac
@@ -91,9 +91,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if B == 0: return torch.empty_like(q)
     block_size, Hk = k_cache.shape[1], k_cache.shape[2]
     max_len = block_tables.shape[1] * block_size
-    k = k_cache[block_tables.long()].view(B, max_len, Hk, D).float()
-    v = v_cache[block_tables.long()].view(B, max_len, Hk, D).float()
-    qg = q.float().view(B, Hk, Hq // Hk, D)
-    scores = torch.einsum("bhgd,bkhd->bhgk", qg, k) * scale
-    scores.masked_fill_(torch.arange(max_len, device=q.device)[None, None, None] >= seq_lens.view(B, 1, 1, 1), float("-inf"))
-    return torch.einsum("bhgk,bkhd->bhgd", scores.softmax(-1), v).reshape(B, Hq, D).to(q.dtype)
+    k = k_cache[block_tables.long()].view(B, max_len, Hk, D).transpose(1, 2).float()
+    v = v_cache[block_tables.long()].view(B, max_len, Hk, D).transpose(1, 2).float()
+    mask = (torch.arange(max_len, device=q.device)[None] < seq_lens.view(B, 1))[:, None, None]   # [B, 1, 1, max_len]
+    out = F.scaled_dot_product_attention(q.float()[:, :, None], k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out[:, :, 0].to(q.dtype)
