@@ -6,7 +6,7 @@ Docs: https://litellama.github.io/litellama/benchmarks_nb/bench.html.md"""
 
 # %% auto #0
 __all__ = ['RESULTS', 'W1_ROWS', 'environment', 'save_results', 'hf_generate', 'ours_generate', 'cpu_vs_hf', 'random_prompts',
-           'workload1', 'workload2', 'workload3', 'copy_bandwidth_gbps', 'kernel_suite', 'gpu_suite']
+           'workload1', 'workload2', 'workload3', 'copy_bandwidth_gbps', 'kernel_suite', 'gpu_suite', 'serving_suite']
 
 # %% ../benchmarks_nb/00_bench.ipynb #4b6f7bb5
 import json, os, platform, random, subprocess, time
@@ -172,3 +172,22 @@ def gpu_suite(out_dir, like="qwen3-0.6b", parts=("kernels", "w1", "w2", "w3"), w
         del hf; torch.cuda.empty_cache()
     if "w3" in parts: save_results("latency", dict(info, workload3=workload3(llm)), out_dir)
     if "w2" in parts: save_results("throughput", dict(info, workload2=workload2(llm)), out_dir)
+
+# %% ../benchmarks_nb/00_bench.ipynb #16ad46e9
+def serving_suite(out_dir, like="qwen3-0.6b", rates=(2, 8, 32, 128, float("inf")), num_requests=256, prompt_len=512,
+                  max_tokens=128, workdir="/tmp/litellama-bench", port=8731):
+    "Start `litellama serve` on a random checkpoint of shape `like`, load it at each rate, save `serving.json`."
+    import sys, urllib.request
+    from litellama.checkpoints import make_random_checkpoint
+    from litellama.server import bench_serving
+    path = Path(workdir) / like
+    if not (path / "config.json").exists(): make_random_checkpoint(like, path, dtype=torch.bfloat16)
+    proc = subprocess.Popen([sys.executable, "-c", f"from litellama.cli import main; main(['serve', '--model-dir', '{path}', '--port', '{port}'])"])
+    try:
+        for _ in range(600):
+            try: urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1); break
+            except Exception: time.sleep(1)
+        res = bench_serving(f"http://127.0.0.1:{port}", like, rates=rates, num_requests=num_requests,
+                            prompt_len=prompt_len, max_tokens=max_tokens)
+    finally: proc.terminate(); proc.wait(60)
+    return save_results("serving", {**res, "model": f"random {like} (bf16)"}, out_dir)

@@ -8,6 +8,7 @@ Docs: https://litellama.github.io/litellama/nbs/model_runner.html.md"""
 __all__ = ['kv_bytes_per_token', 'ModelRunner']
 
 # %% ../nbs/11_model_runner.ipynb #6a9aa86a
+import warnings
 import torch
 from .attention import AttentionMetadata, ModelInput, build_model_input
 from .scheduler import SchedulerOutput
@@ -74,6 +75,10 @@ class ModelRunner:
     @torch.inference_mode()
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int):
         "Record one CUDA graph per decode batch size (1, 2, 4, 8, then multiples of 16), all sharing one memory pool."
+        from litellama.kernels.registry import graphs_supported
+        ok, why = graphs_supported(self.device.type)
+        if not ok:
+            warnings.warn(f"litellama: decode steps run eagerly, without CUDA graphs ({why})"); return
         sizes = [b for b in (1, 2, 4, 8) if b <= max_num_seqs] + list(range(16, max_num_seqs + 1, 16))
         if sizes[-1] < max_num_seqs: sizes.append(max_num_seqs)
         n, width, dev = sizes[-1], -(-max_model_len // self.block_size), self.device
