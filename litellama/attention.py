@@ -8,6 +8,7 @@ Docs: https://litellama.github.io/litellama/nbs/attention.html.md"""
 __all__ = ['AttentionMetadata', 'ModelInput', 'build_model_input', 'PagedAttention', 'SelfAttention']
 
 # %% ../nbs/03_attention.ipynb #9733d546
+import itertools
 from dataclasses import dataclass, fields
 import torch
 from torch import nn
@@ -37,9 +38,10 @@ class ModelInput:
     inputs_embeds: torch.Tensor | None = None   # [T, hidden], replaces the token embedding (image features)
 
 # %% ../nbs/03_attention.ipynb #3127d596
-def build_model_input(chunks, block_size: int, device="cpu") -> ModelInput:
+def build_model_input(chunks, block_size: int, device="cpu", logits_for=None) -> ModelInput:
     """`chunks`: one `(token_ids, start, block_table)` per sequence, prefills first; the sequence's tokens
-    `start..start+len(token_ids)` are new this step. A 1-token chunk after a prefix counts as a decode."""
+    `start..start+len(token_ids)` are new this step. A 1-token chunk after a prefix counts as a decode.
+    `logits_for`: per sequence, whether its last token needs logits (default: all)."""
     ids, pos, slots, lens, cu, tables = [], [], [], [], [0], []
     num_prefills = 0
     for toks, start, table in chunks:
@@ -51,12 +53,18 @@ def build_model_input(chunks, block_size: int, device="cpu") -> ModelInput:
         slots += [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
         lens.append(start + n); tables.append(list(table))
     width = max([len(t) for t in tables] + [1])
-    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
-    as_t = lambda x, dt: torch.tensor(x, dtype=dt, device=device)
-    attn = AttentionMetadata(as_t(slots, torch.int64), as_t(lens, torch.int32), bt, as_t(cu, torch.int32),
+    starts = [s for _, s, _ in chunks]
+    last = list(itertools.accumulate(l - s for l, s in zip(lens, starts)))
+    if logits_for is not None: last = [x for x, keep in zip(last, logits_for) if keep]
+    # everything in one int64 host buffer, moved to the device with a single copy
+    flat = ids + pos + slots + lens + cu + [x - 1 for x in last] + [b for t in tables for b in list(t) + [0] * (width - len(t))]
+    buf = torch.tensor(flat, dtype=torch.int64)
+    if torch.device(device).type != "cpu": buf = buf.pin_memory().to(device, non_blocking=True)
+    T, B = len(ids), len(lens)
+    parts = buf.split([T, T, T, B, len(cu), len(last), B * width])
+    attn = AttentionMetadata(parts[2], parts[3].to(torch.int32), parts[6].view(B, width).to(torch.int32), parts[4].to(torch.int32),
                              num_prefills, cu[-1], max([c - p for p, c in zip(cu, cu[1:])] + [0]), max(lens + [0]))
-    last = torch.tensor(lens, dtype=torch.int64) - torch.tensor([s for _, s, _ in chunks], dtype=torch.int64)
-    return ModelInput(as_t(ids, torch.int64), as_t(pos, torch.int64), attn, (last.cumsum(0) - 1).to(device))
+    return ModelInput(parts[0], parts[1], attn, parts[5])
 
 # %% ../nbs/03_attention.ipynb #091651d5
 class PagedAttention(nn.Module):

@@ -59,10 +59,8 @@ class ModelRunner:
         "The `ModelInput` of `plan`; logits only for sequences whose scheduled tokens reach their end."
         chunks = [(seq.token_ids[seq.num_computed_tokens:seq.num_computed_tokens + n], seq.num_computed_tokens, seq.block_table)
                   for seq, n in plan.scheduled]
-        mi = build_model_input(chunks, self.block_size, self.device)
         done = [seq.num_computed_tokens + n == seq.num_tokens for seq, n in plan.scheduled]
-        mi.logits_indices = mi.logits_indices[torch.tensor(done, device=self.device)]
-        return mi
+        return build_model_input(chunks, self.block_size, self.device, logits_for=done)
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> torch.Tensor:

@@ -77,8 +77,8 @@ def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch
 @dataclass
 class SamplingTensors:
     "Per-row sampling parameters of one step, as tensors on the logits' device."
-    temperature: torch.Tensor; top_k: torch.Tensor; top_p: torch.Tensor; min_p: torch.Tensor
-    seeds: torch.Tensor; steps: torch.Tensor
+    temperature: torch.Tensor | None; top_k: torch.Tensor | None; top_p: torch.Tensor | None; min_p: torch.Tensor | None
+    seeds: torch.Tensor | None; steps: torch.Tensor | None          # all None when every row is greedy
     repetition: torch.Tensor | None = None; presence: torch.Tensor | None = None; frequency: torch.Tensor | None = None
     prompt_mask: torch.Tensor | None = None       # [S, V] bool: token occurs in the prompt
     output_counts: torch.Tensor | None = None     # [S, V] float: occurrences in the output so far
@@ -91,10 +91,11 @@ class SamplingTensors:
         "`rows`: per row `(params, seed, prompt_ids, output_ids, eos_ids)`."
         P = [r[0] for r in rows]
         f = lambda vals, dt=torch.float32: torch.tensor(vals, dtype=dt, device=device)
-        st = cls(f([p.temperature for p in P]), f([p.top_k if p.top_k > 0 else vocab for p in P], torch.int64),
-                 f([p.top_p for p in P]), f([p.min_p for p in P]), f([r[1] for r in rows], torch.int64),
-                 f([len(r[3]) for r in rows], torch.int64))
-        st.all_greedy = all(p.greedy for p in P)
+        if all(p.greedy for p in P): st = cls(*([None] * 6), all_greedy=True)      # argmax needs no parameters
+        else:
+            st = cls(f([p.temperature for p in P]), f([p.top_k if p.top_k > 0 else vocab for p in P], torch.int64),
+                     f([p.top_p for p in P]), f([p.min_p for p in P]), f([r[1] for r in rows], torch.int64),
+                     f([len(r[3]) for r in rows], torch.int64))
         st.num_logprobs = max([p.logprobs or 0 for p in P] + [0]) if any(p.logprobs is not None for p in P) else -1
         if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in P):
             st.repetition, st.presence, st.frequency = (f([p.repetition_penalty for p in P]), f([p.presence_penalty for p in P]),
