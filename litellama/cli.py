@@ -1,4 +1,4 @@
-"""`litellama generate | chat | batch | demo | serve | make-random-checkpoint`: the engine from a terminal, with one clear line for every mistake.
+"""`litellama generate | chat | batch | demo | serve | bench | tune | make-random-checkpoint`: the engine from a terminal, with one clear line for every mistake.
 
 Docs: https://litellama.github.io/litellama/nbs/cli.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://litellama.github.io/litellama/nbs/cli.html.md"""
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'cmd_generate', 'cmd_chat', 'run_batch', 'cmd_batch', 'cmd_demo', 'cmd_serve',
-           'cmd_make_random_checkpoint', 'cmd_bench', 'build_parser', 'main']
+           'cmd_make_random_checkpoint', 'cmd_bench', 'cmd_tune', 'build_parser', 'main']
 
 # %% ../nbs/16_cli.ipynb #2f603811
 import argparse, json, os, sys, time
@@ -146,6 +146,12 @@ def cmd_bench(a):
     if a.suite == "cpu": print(bench.save_results("cpu_vs_hf", bench.cpu_vs_hf(a.model_dir), out))
     else: bench.gpu_suite(out, like=a.like, parts=tuple(a.parts.split(",")))
 
+def cmd_tune(a):
+    "Search kernel launch configurations on this GPU and save them to the autotune cache."
+    from litellama.kernels.autotune import tune_cli
+    rc = tune_cli(a)
+    if rc: sys.exit(rc)
+
 def build_parser():
     p = argparse.ArgumentParser(prog="litellama", description="A light, notebook-first LLM inference engine.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -167,6 +173,9 @@ def build_parser():
     bn.add_argument("--suite", choices=["cpu", "gpu"], default="cpu"); bn.add_argument("--model-dir", default=None)
     bn.add_argument("--like", default="qwen3-0.6b"); bn.add_argument("--parts", default="kernels,w1,w3,w2")
     bn.add_argument("--out", default=None); bn.set_defaults(fn=cmd_bench)
+    t = sub.add_parser("tune", help="autotune the Triton kernels for this GPU (saved under the cache directory)")
+    t.add_argument("--ops", nargs="*", default=None, help="ops to tune (default: all)"); t.add_argument("--quick", action="store_true")
+    t.set_defaults(fn=cmd_tune)
     m = sub.add_parser("make-random-checkpoint", help="write a randomly initialised checkpoint of a real shape")
     m.add_argument("--like", required=True); m.add_argument("out_dir"); m.add_argument("--dtype", default="bf16")
     m.set_defaults(fn=cmd_make_random_checkpoint)

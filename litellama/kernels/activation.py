@@ -11,7 +11,7 @@ __all__ = ['DEFAULTS', 'TOKENS', 'INTERMEDIATE', 'silu_and_mul', 'benchmark']
 import torch
 import triton
 import triton.language as tl
-from . import reference
+from . import autotune, reference
 
 # %% ../../kernels_nb/04_activation.ipynb #22d9a73f
 @triton.jit
@@ -37,7 +37,8 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
     rows = max(1, DEFAULTS["tile"] // block)
     col_blocks = triton.cdiv(n_cols, block)
     while n_rows is not None and rows > 1 and triton.cdiv(n_rows, rows) * col_blocks < DEFAULTS["min_programs"]: rows //= 2
-    return dict(BLOCK_I=block, ROWS=rows, num_warps=DEFAULTS["num_warps"])
+    cfg = dict(BLOCK_I=block, ROWS=rows, num_warps=DEFAULTS["num_warps"])
+    return autotune.lookup("activation", (n_cols, autotune.shape_bucket(n_rows or 1)), cfg)
 
 # %% ../../kernels_nb/04_activation.ipynb #f372044d
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

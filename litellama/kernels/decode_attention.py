@@ -12,6 +12,7 @@ import functools, math
 import torch
 import triton
 import triton.language as tl
+from . import autotune
 from .prefill_attention import _attend_tile, random_paged_kv
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #4d8c9fea
@@ -22,10 +23,11 @@ DEFAULTS = {
 }
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #13de035b
-def _config(device_type: str, dtype: torch.dtype) -> dict:
-    "The launch parameters for one call, read from `DEFAULTS`."
-    if device_type != "cuda": return dict(DEFAULTS["interpret"])
-    return dict(DEFAULTS["cuda_fp32" if dtype == torch.float32 else "cuda"])
+def _config(device_type: str, dtype: torch.dtype, head_dim: int = 0, batch: int = 1) -> dict:
+    "The launch parameters for one call, read from `DEFAULTS`, or from this GPU's tuned entry (`08_autotune.ipynb`)."
+    key = (str(dtype).replace("torch.", ""), head_dim, autotune.shape_bucket(batch))
+    if device_type != "cuda": return autotune.lookup("decode_attention", key, dict(DEFAULTS["interpret"]), device_type)
+    return autotune.lookup("decode_attention", key, dict(DEFAULTS["cuda_fp32" if dtype == torch.float32 else "cuda"]), device_type)
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
@@ -116,7 +118,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert page & (page - 1) == 0, f"block_size must be a power of two, got {page}"
     out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     if B == 0: return out
-    cfg = _config(q.device.type, q.dtype)
+    cfg = _config(q.device.type, q.dtype, D, B)
     if num_splits is None:
         if max_seq_len is None: max_seq_len = int(seq_lens.max())  # the one host sync; pass max_seq_len to avoid it
         num_splits = _num_splits(B, Hk, max_seq_len, cfg, _num_sms(q.device))

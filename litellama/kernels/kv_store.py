@@ -11,7 +11,7 @@ __all__ = ['DEFAULTS', 'TOKENS', 'KV_HEADS', 'store_kv_cache', 'benchmark']
 import torch
 import triton
 import triton.language as tl
-from . import reference
+from . import autotune, reference
 
 # %% ../../kernels_nb/05_kv_store.ipynb #c277c86e
 @triton.jit
@@ -38,7 +38,7 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
     rows = max(1, min(DEFAULTS["max_rows"], DEFAULTS["tile"] // n_cols))
     rows = triton.next_power_of_2(rows + 1) // 2                  # a power of two, rounded down
     while n_rows is not None and rows > 1 and triton.cdiv(n_rows, rows) < DEFAULTS["min_programs"]: rows //= 2
-    return dict(ROWS=rows, num_warps=DEFAULTS["num_warps"])
+    return autotune.lookup("kv_store", (n_cols, autotune.shape_bucket(n_rows or 1)), dict(ROWS=rows, num_warps=DEFAULTS["num_warps"]))
 
 # %% ../../kernels_nb/05_kv_store.ipynb #c99d845f
 def store_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

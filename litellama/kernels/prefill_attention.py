@@ -12,6 +12,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from . import autotune
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #34348bbd
 DEFAULTS = {
@@ -24,15 +25,16 @@ DEFAULTS = {
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #8ace4a01
 def _config(device_type: str, dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> dict:
-    "The launch parameters for one call, read from `DEFAULTS`."
-    if device_type != "cuda": return dict(DEFAULTS["interpret"])
+    "The launch parameters for one call, read from `DEFAULTS`, or from this GPU's tuned entry (`08_autotune.ipynb`)."
+    tuned = (str(dtype).replace("torch.", ""), head_dim, autotune.shape_bucket(max_seqlen_q))
+    if device_type != "cuda": return autotune.lookup("prefill_attention", tuned, dict(DEFAULTS["interpret"]), device_type)
     if dtype == torch.float32: key = "cuda_fp32"
     elif head_dim > 128: key = "cuda_d256"
     elif max_seqlen_q <= 64: key = "cuda_short"
     else: key = "cuda"
     cfg = dict(DEFAULTS[key])
     if dtype == torch.float32 and head_dim > 128: cfg.update(BLOCK_M=32, num_stages=1)  # 4-byte, 256-wide tiles
-    return cfg
+    return autotune.lookup("prefill_attention", tuned, cfg, device_type)
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #841bd166
 @triton.jit

@@ -11,7 +11,7 @@ __all__ = ['DEFAULTS', 'TOKENS', 'HIDDEN', 'rms_norm', 'fused_add_rms_norm', 'be
 import torch
 import triton
 import triton.language as tl
-from . import reference
+from . import autotune, reference
 
 # %% ../../kernels_nb/02_rmsnorm.ipynb #3468cf0f
 @triton.jit
@@ -44,7 +44,8 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
     block = triton.next_power_of_2(n_cols)
     rows = max(1, min(DEFAULTS["max_rows"], DEFAULTS["tile"] // block))
     while n_rows is not None and rows > 1 and triton.cdiv(n_rows, rows) < DEFAULTS["min_programs"]: rows //= 2
-    return dict(BLOCK_N=block, ROWS=rows, num_warps=min(DEFAULTS["max_warps"], max(4, block * rows // 1024)))
+    cfg = dict(BLOCK_N=block, ROWS=rows, num_warps=min(DEFAULTS["max_warps"], max(4, block * rows // 1024)))
+    return autotune.lookup("rmsnorm", (n_cols, autotune.shape_bucket(n_rows or 1)), cfg)
 
 # %% ../../kernels_nb/02_rmsnorm.ipynb #0548742e
 def _rows(x: torch.Tensor):

@@ -11,7 +11,7 @@ __all__ = ['DEFAULTS', 'TOKENS', 'HEADS', 'rotary_embedding', 'benchmark']
 import torch
 import triton
 import triton.language as tl
-from . import reference
+from . import autotune, reference
 
 # %% ../../kernels_nb/03_rope.ipynb #06c0a7ab
 @triton.jit
@@ -54,7 +54,7 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
     rows = max(1, min(DEFAULTS["max_rows"], DEFAULTS["tile"] // n_cols))
     rows = triton.next_power_of_2(rows + 1) // 2                  # a power of two, rounded down
     while n_rows is not None and rows > 1 and triton.cdiv(n_rows, rows) < DEFAULTS["min_programs"]: rows //= 2
-    return dict(ROWS=rows, num_warps=DEFAULTS["num_warps"])
+    return autotune.lookup("rope", (n_cols, autotune.shape_bucket(n_rows or 1)), dict(ROWS=rows, num_warps=DEFAULTS["num_warps"]))
 
 # %% ../../kernels_nb/03_rope.ipynb #117e0358
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
