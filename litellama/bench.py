@@ -6,7 +6,8 @@ Docs: https://litellama.github.io/litellama/benchmarks_nb/bench.html.md"""
 
 # %% auto #0
 __all__ = ['RESULTS', 'W1_ROWS', 'environment', 'save_results', 'hf_generate', 'ours_generate', 'cpu_vs_hf', 'random_prompts',
-           'workload1', 'workload2', 'workload3', 'copy_bandwidth_gbps', 'kernel_suite', 'gpu_suite', 'serving_suite']
+           'workload1', 'workload2', 'workload3', 'copy_bandwidth_gbps', 'kernel_suite', 'gpu_suite', 'profile_decode',
+           'serving_suite']
 
 # %% ../benchmarks_nb/00_bench.ipynb #4b6f7bb5
 import json, os, platform, random, subprocess, time
@@ -172,8 +173,37 @@ def gpu_suite(out_dir, like="qwen3-0.6b", parts=("kernels", "w1", "w2", "w3"), w
         del hf; torch.cuda.empty_cache()
     if "w3" in parts: save_results("latency", dict(info, workload3=workload3(llm)), out_dir)
     if "w2" in parts: save_results("throughput", dict(info, workload2=workload2(llm)), out_dir)
+    if "profile" in parts: save_results("profile", dict(info, profiles=[profile_decode(llm, b) for b in (1, 64, 256)]), out_dir)
 
 # %% ../benchmarks_nb/00_bench.ipynb #16ad46e9
+def profile_decode(llm, batch=64, prompt=128, steps=64, top=15) -> dict:
+    "Per decode step at `batch`: wall time, forward time (CUDA events), and the top host functions by own time."
+    import cProfile, pstats, io
+    from litellama.sampling import SamplingParams
+    eng = llm.engine
+    for p in random_prompts(batch, prompt, seed=7, vocab=min(10000, eng.config.vocab_size)): eng.add_request(p, SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True))
+    while eng.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in eng.scheduler.running): eng.step()
+    fwd, orig = [], eng.runner.execute
+    cuda = eng.device.type == "cuda"
+    def timed(plan):
+        if not cuda: t = time.perf_counter(); out = orig(plan); fwd.append(time.perf_counter() - t); return out
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); out = orig(plan); b.record(); fwd.append((a, b)); return out
+    eng.runner.execute = timed
+    prof = cProfile.Profile()
+    _sync(); t0 = time.perf_counter(); prof.enable()
+    for _ in range(steps): eng.step()
+    prof.disable(); _sync(); wall = (time.perf_counter() - t0) / steps
+    eng.runner.execute = orig
+    for r in list(eng.requests): eng.abort_request(r)
+    while eng.has_unfinished_requests(): eng.step()
+    st = pstats.Stats(prof); st.sort_stats("tottime")
+    rows = sorted(((v[2] / steps * 1e3, f"{k[0].split('/')[-1]}:{k[1]}({k[2]})") for k, v in st.stats.items()), reverse=True)[:top]
+    return dict(batch=batch, prompt=prompt, steps=steps, step_ms=wall * 1e3,
+                forward_ms=(sum(a.elapsed_time(b) for a, b in fwd) if cuda else sum(fwd) * 1e3) / len(fwd),
+                host_top_ms_per_step=[dict(ms=round(ms, 3), fn=fn) for ms, fn in rows])
+
+# %% ../benchmarks_nb/00_bench.ipynb #88e578ff
 def serving_suite(out_dir, like="qwen3-0.6b", rates=(2, 8, 32, 128, float("inf")), num_requests=256, prompt_len=512,
                   max_tokens=128, workdir="/tmp/litellama-bench", port=8731):
     "Start `litellama serve` on a random checkpoint of shape `like`, load it at each rate, save `serving.json`."
