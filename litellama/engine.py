@@ -17,7 +17,7 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import BlockManager, Sequence
 from .loader import load_model, resolve_device, resolve_dtype
 from .model_runner import ModelRunner
-from .sampling import SamplingParams, SamplingTensors, sample
+from .sampling import SamplingParams, SamplingTensors, sample, uses_history
 from .scheduler import Scheduler
 
 # %% ../nbs/12_engine.ipynb #426000a8
@@ -31,7 +31,7 @@ class StepOutput:
     finished: bool = False
     finish_reason: str | None = None   # 'stop', 'length' or 'abort'
     logprobs: list | None = None  # per new token: {token_id: logprob}
-    text: str = ""                # all text so far
+    text: str = ""                # the whole text, on the final output only
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
 
@@ -146,7 +146,8 @@ def step(self) -> list:
     self.num_steps += 1
     done = [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens == s.num_tokens]
     if not done: return outputs
-    rows = [(c.params, c.seed, c.seq.token_ids[:c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids) for c in done]
+    rows = [(c.params, c.seed, c.seq.token_ids[:c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids) if uses_history(c.params)
+            else (c.params, c.seed, (), c.seq.num_tokens - c.seq.num_prompt_tokens, self.eos_ids) for c in done]
     result = sample(logits, SamplingTensors.build(rows, logits.shape[-1], logits.device))
     for i, (c, tok) in enumerate(zip(done, result.token_ids)):
         outputs.append(self._append_token(c, tok, result.logprobs[i] if result.logprobs else None))
@@ -165,7 +166,7 @@ def _append_token(self, c: Completion, tok: int, logprobs) -> StepOutput:
     if c.finished: self.scheduler.finish(c.seq); self._forget(c)
     delta = c.detok.take_delta(c.finished) if c.detok else ""
     return StepOutput(c.request_id, c.index, delta, [tok], c.finished, c.finish_reason,
-                      [logprobs] if logprobs is not None else None, c.detok.text[:c.detok.emitted] if c.detok else "",
+                      [logprobs] if logprobs is not None else None, c.detok.text if c.detok and c.finished else "",
                       c.seq.num_prompt_tokens, n_out)
 
 def _forget(self, c: Completion):
