@@ -19,15 +19,19 @@ class IncrementalDetokenizer:
         self.ids, self.prefix, self.read = ctx, max(len(ctx) - 1, 0), len(ctx)
         self.text, self.emitted = "", 0          # full output text so far; chars of it released
         self.stopped = False
+        backend = getattr(tokenizer, "backend_tokenizer", None)     # the Rust tokenizer: same text, less Python per call
+        self._fast = backend.decode if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False) else None
 
-    def _decode(self, ids): return self.tok.decode(ids, skip_special_tokens=self.skip)
+    def _decode(self, ids):
+        if self._fast is not None: return self._fast(ids, skip_special_tokens=self.skip)
+        return self.tok.decode(ids, skip_special_tokens=self.skip)
 
     def add_token(self, token_id: int) -> bool:
         "Append one generated token; returns True when a stop string has been found (text is cut before it)."
         self.ids.append(token_id)
         before = self._decode(self.ids[self.prefix:self.read])
         after = self._decode(self.ids[self.prefix:])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
+        if len(after) > len(before) and (not after.endswith("\ufffd") or len(self.ids) - self.read >= 8):
             start = max(len(self.text) - max((len(s) for s in self.stop), default=0) + 1, 0)
             self.text += after[len(before):]
             self.prefix, self.read = self.read, len(self.ids)
