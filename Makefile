@@ -47,5 +47,9 @@ pytest: $(VENV)/.dev
 
 test: check-sync nbtest pytest
 
+# The documentation site: every notebook executed and rendered to docs/ (offline, no Quarto).
+docs: $(VENV)/.dev
+	$(BIN)/python -c "from litellama.docs import main; main()" --out docs
+
 clean:
-	rm -rf $(VENV) _proc _docs
+	rm -rf $(VENV) _proc _docs docs

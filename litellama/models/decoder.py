@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 from torch import nn
 from ..attention import ModelInput, SelfAttention
-from ..layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding
+from ..layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, linear
 
 # %% ../../nbs/04_models.ipynb #10c8a0ed
 class DecoderLayer(nn.Module):
@@ -83,7 +83,7 @@ class CausalLM(nn.Module):
     def forward(self, mi: ModelInput) -> torch.Tensor:
         "Logits `[len(mi.logits_indices), vocab]` in float32."
         hidden = self.model(mi)[mi.logits_indices]
-        return torch.nn.functional.linear(hidden, self.lm_head.weight).float()
+        return linear(hidden, self.lm_head.weight).float()
 
     def bind_kv_cache(self, kv_cache: torch.Tensor):
         "Give each layer its views of the `[layers, 2, num_blocks, block_size, Hk, D]` cache."
