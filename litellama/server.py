@@ -297,6 +297,17 @@ def _finish(reason): return {"stop": "stop", "length": "length"}.get(reason, rea
 def _sse(obj) -> str: return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 # %% ../nbs/15_server.ipynb #ee520fb7
+async def _collect(items, key):
+    "Concatenate a request's streamed outputs per choice `key(prompt_index, out)`: text, token ids, logprobs, finish reasons."
+    text, toks, lps, reasons = {}, {}, {}, {}
+    async for i, out in items:
+        k = key(i, out)
+        text[k] = text.get(k, "") + out.delta
+        toks.setdefault(k, []).extend(out.token_ids); lps.setdefault(k, []).extend(out.logprobs or [])
+        if out.finished: reasons[k] = out.finish_reason
+    return text, toks, lps, reasons
+
+# %% ../nbs/15_server.ipynb #f9eedc45
 async def completions(st, req):
     "POST /v1/completions: one choice per (prompt, n), `index = prompt_index * n + i`."
     eng = st.engine.engine
@@ -317,12 +328,7 @@ async def completions(st, req):
         async for x in it: yield x
 
     if not req.stream:
-        text, toks, lps, reasons = {}, {}, {}, {}
-        async for i, out in items():
-            k = i * n + out.index
-            text[k] = text.get(k, "") + out.delta
-            toks.setdefault(k, []).extend(out.token_ids); lps.setdefault(k, []).extend(out.logprobs or [])
-            if out.finished: reasons[k] = out.finish_reason
+        text, toks, lps, reasons = await _collect(items(), lambda i, out: i * n + out.index)
         choices = []
         for k in range(len(prompts) * n):
             l = completion_logprobs(eng.tokenizer, toks.get(k, []), lps.get(k, []), req.logprobs) if req.logprobs is not None else None
@@ -353,7 +359,7 @@ async def completions(st, req):
         yield "data: [DONE]\n\n"
     return stream()
 
-# %% ../nbs/15_server.ipynb #9de41e10
+# %% ../nbs/15_server.ipynb #6966a44a
 async def chat_completions(st, req):
     "POST /v1/chat/completions."
     eng = st.engine.engine
@@ -373,12 +379,7 @@ async def chat_completions(st, req):
         async for x in it: yield x
 
     if not req.stream:
-        text, toks, lps, reasons = {}, {}, {}, {}
-        async for _, out in items():
-            k = out.index
-            text[k] = text.get(k, "") + out.delta
-            toks.setdefault(k, []).extend(out.token_ids); lps.setdefault(k, []).extend(out.logprobs or [])
-            if out.finished: reasons[k] = out.finish_reason
+        text, toks, lps, reasons = await _collect(items(), lambda i, out: out.index)
         choices = [{"index": k, "message": {"role": "assistant", "content": text.get(k, "")},
                     "logprobs": {"content": chat_logprobs(eng.tokenizer, toks.get(k, []), lps.get(k, []), nlp)} if req.logprobs else None,
                     "finish_reason": _finish(reasons.get(k))} for k in range(n)]
@@ -405,7 +406,7 @@ async def chat_completions(st, req):
         yield "data: [DONE]\n\n"
     return stream()
 
-# %% ../nbs/15_server.ipynb #9088bdb8
+# %% ../nbs/15_server.ipynb #a6bc5f6b
 def _error_response(e: APIError):
     from fastapi.responses import JSONResponse
     return JSONResponse(e.body(), status_code=e.status)
@@ -431,7 +432,7 @@ async def _parse(request, model):
         msg, param = _validation_message(e.errors(include_url=False))
         raise APIError(msg, param=param) from None
 
-# %% ../nbs/15_server.ipynb #051adb99
+# %% ../nbs/15_server.ipynb #827e2102
 def build_app(async_engine, served_model_name: str, api_key: str | None = None):
     "A FastAPI app serving `async_engine` under the model name `served_model_name`."
     fastapi = _need("fastapi")
@@ -538,7 +539,7 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None):
 
     return app
 
-# %% ../nbs/15_server.ipynb #9d5bd044
+# %% ../nbs/15_server.ipynb #1d6f371e
 GRACEFUL_SHUTDOWN_S = 10
 
 def serve(model_dir=None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -555,7 +556,7 @@ def serve(model_dir=None, host: str = "127.0.0.1", port: int = 8000, api_key: st
     uvicorn.Server(config).run()
     return 0
 
-# %% ../nbs/15_server.ipynb #33e0d6bd
+# %% ../nbs/15_server.ipynb #26f8d75a
 def _pct(xs, q):
     if not xs: return None
     xs = sorted(xs); k = (len(xs) - 1) * q / 100; lo = int(k)

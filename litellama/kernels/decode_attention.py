@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 from . import autotune
-from .prefill_attention import _attend_tile, random_paged_kv
+from .prefill_attention import _attend_tile, check_paged_args, random_paged_kv
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #4d8c9fea
 DEFAULTS = {
@@ -109,13 +109,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      num_splits: int | None = None) -> torch.Tensor:
     "Attention of one query per sequence, `q` `[B, Hq, D]`, over its paged K/V; see `reference.decode_attention`."
     B, Hq, D = q.shape
-    _, page, Hk, _ = k_cache.shape
-    assert k_cache.shape == v_cache.shape and k_cache.shape[-1] == D, "caches must be [num_blocks, block_size, Hk, D]"
-    assert k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share one layout"
-    assert q.dtype == k_cache.dtype == v_cache.dtype, f"q is {q.dtype} but the cache is {k_cache.dtype}"
-    assert Hq % Hk == 0, f"{Hq} query heads cannot be grouped over {Hk} kv heads"
-    assert D >= 16 and D & (D - 1) == 0, f"head_dim must be a power of two >= 16, got {D}"
-    assert page & (page - 1) == 0, f"block_size must be a power of two, got {page}"
+    page, Hk = check_paged_args(q, k_cache, v_cache)
     out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     if B == 0: return out
     cfg = _config(q.device.type, q.dtype, D, B)
