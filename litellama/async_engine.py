@@ -46,6 +46,11 @@ class AsyncLLMEngine:
     @property
     def stats(self): return self.engine.stats
 
+    @property
+    def is_running(self) -> bool:
+        "Is the engine thread alive?"
+        return self._thread is not None and self._thread.is_alive()
+
 # %% ../nbs/13_async.ipynb #33128789
 def _run(self):
     "Engine thread: apply commands, step while there is work, route outputs to their request's queue."

@@ -18,6 +18,10 @@ import torch
 # %% ../benchmarks_nb/00_bench.ipynb #6cb56ddb
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks_nb" / "results" if "__file__" in globals() else Path("results")
 
+def _cpu_name() -> str:
+    try: return next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except Exception: return platform.processor() or platform.machine()
+
 def environment() -> dict:
     "Where and when: device, library versions, date, git commit."
     import transformers
@@ -25,7 +29,7 @@ def environment() -> dict:
     except Exception: tv = None
     try: commit = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
     except Exception: commit = ""
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else (platform.processor() or platform.machine())
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else _cpu_name()
     return dict(device=dev, cpus=os.cpu_count(), python=platform.python_version(), torch=torch.__version__, triton=tv,
                 transformers=transformers.__version__, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 commit=os.environ.get("LITELLAMA_COMMIT", commit))

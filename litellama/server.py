@@ -446,7 +446,7 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None):
 
     @asynccontextmanager
     async def lifespan(app):
-        started = async_engine._thread is None
+        started = not async_engine.is_running
         if started: await async_engine.start()      # the engine thread posts results to this (the server's) loop
         try: yield
         finally:
@@ -511,7 +511,7 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None):
     @app.get("/health")
     async def health():
         s = async_engine.stats
-        ok = async_engine._thread is not None and async_engine._thread.is_alive()
+        ok = async_engine.is_running
         return JSONResponse({"status": "ok" if ok else "stopped", "num_free_blocks": s.num_free_blocks,
                              "num_total_blocks": s.num_total_blocks, "running": s.num_running, "waiting": s.num_waiting},
                             status_code=200 if ok else 503)
