@@ -183,6 +183,8 @@ def build_parser():
 
 def main(argv=None):
     a = build_parser().parse_args(argv)
+    import logging
+    logging.basicConfig(level=logging.INFO, format="litellama: %(message)s")
     from litellama.loader import CheckpointError
     try: a.fn(a)
     except (CheckpointError, ValueError, FileNotFoundError, ImportError) as e:

@@ -45,8 +45,9 @@ class LLM:
         params = params or SamplingParams()
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts): raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-        rids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        results = {rid: RequestOutput(rid, p, [], [CompletionOutput(i) for i in range(sp.n)]) for rid, p, sp in zip(rids, prompts, plist)}
+        ids = [self.engine.tokenize(p) for p in prompts]
+        rids = [self.engine.add_request(t, sp) for t, sp in zip(ids, plist)]
+        results = {rid: RequestOutput(rid, p, t, [CompletionOutput(i) for i in range(sp.n)]) for rid, p, t, sp in zip(rids, prompts, ids, plist)}
         bar = tqdm(total=len(rids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
         t0, ntok = time.perf_counter(), 0
         try:
@@ -65,8 +66,6 @@ class LLM:
             raise
         finally: bar.close()
         self.last_stats = dict(seconds=time.perf_counter() - t0, output_tokens=ntok)
-        for rid, p in zip(rids, prompts):
-            results[rid].prompt_token_ids = self.engine._tokenize(p)
         return [results[r] for r in rids]
 
     def chat(self, messages, params: SamplingParams | None = None, use_tqdm: bool = True) -> list:

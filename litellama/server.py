@@ -136,7 +136,7 @@ def chat_prompt(tokenizer, messages, add_generation_prompt=True) -> str:
 def prompt_ids(engine, prompt, chat=False) -> list:
     "Token ids of one prompt (text or ids), checked against the vocabulary."
     if chat: return engine.tokenizer.encode(prompt, add_special_tokens=False)
-    try: ids = engine._tokenize(prompt)
+    try: ids = engine.tokenize(prompt)
     except ValueError as e: raise APIError(str(e), param="prompt") from None
     if not ids: raise APIError("the prompt is empty", param="prompt")
     return ids
