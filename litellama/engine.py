@@ -165,7 +165,7 @@ def _append_token(self, c: Completion, tok: int, logprobs) -> StepOutput:
     n_out, p = len(c.seq.output_ids), c.params
     stopped = c.detok.add_token(tok) if c.detok else False
     is_stop_token = tok in p.stop_token_ids or (tok in self.eos_ids and not p.ignore_eos)
-    if stopped or (is_stop_token and n_out > p.min_tokens - 1 and n_out >= max(p.min_tokens, 1)): c.finish_reason = "stop"
+    if stopped or (is_stop_token and n_out >= p.min_tokens): c.finish_reason = "stop"
     elif n_out >= c.max_tokens or c.seq.num_tokens >= self.max_model_len: c.finish_reason = "length"
     c.finished = c.finish_reason is not None
     if c.finished: self.scheduler.finish(c.seq); self._forget(c)
