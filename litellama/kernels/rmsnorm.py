@@ -42,8 +42,7 @@ DEFAULTS = {"tile": 4096, "max_rows": 64, "min_programs": 264, "max_warps": 16}
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Block sizes and warps for rows of `n_cols` elements (and `n_rows` rows, if known)."
     block = triton.next_power_of_2(n_cols)
-    rows = max(1, min(DEFAULTS["max_rows"], DEFAULTS["tile"] // block))
-    while n_rows is not None and rows > 1 and triton.cdiv(n_rows, rows) < DEFAULTS["min_programs"]: rows //= 2
+    rows = autotune.rows_per_program(block, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
     cfg = dict(BLOCK_N=block, ROWS=rows, num_warps=min(DEFAULTS["max_warps"], max(4, block * rows // 1024)))
     return autotune.lookup("rmsnorm", (n_cols, autotune.shape_bucket(n_rows or 1)), cfg)
 

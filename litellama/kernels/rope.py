@@ -51,9 +51,7 @@ DEFAULTS = {"tile": 4096, "max_rows": 32, "min_programs": 264, "num_warps": 4}
 
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Tokens per program and warps, for tokens of `n_cols` (padded) q+k elements each and `n_rows` tokens."
-    rows = max(1, min(DEFAULTS["max_rows"], DEFAULTS["tile"] // n_cols))
-    rows = triton.next_power_of_2(rows + 1) // 2                  # a power of two, rounded down
-    while n_rows is not None and rows > 1 and triton.cdiv(n_rows, rows) < DEFAULTS["min_programs"]: rows //= 2
+    rows = autotune.rows_per_program(n_cols, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
     return autotune.lookup("rope", (n_cols, autotune.shape_bucket(n_rows or 1)), dict(ROWS=rows, num_warps=DEFAULTS["num_warps"]))
 
 # %% ../../kernels_nb/03_rope.ipynb #117e0358
