@@ -58,11 +58,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 INTERMEDIATE = (3072, 8192, 14336)     # Qwen3-0.6B, Llama-3.2-1B, Llama-3-8B
 
-def _do_bench(fn): return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 def benchmark(device="cuda", tokens=TOKENS, intermediate=INTERMEDIATE, dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     "Time `silu_and_mul` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer, rows = timer or _do_bench, []
+    timer, rows = timer or autotune.median_ms, []
     for dtype in dtypes:
         e = torch.finfo(dtype).bits // 8
         for I in intermediate:

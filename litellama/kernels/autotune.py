@@ -6,7 +6,7 @@ Docs: https://litellama.github.io/litellama/kernels_nb/autotune.html.md"""
 
 # %% auto #0
 __all__ = ['device_name', 'MODEL', 'OPS', 'TOL', 'shape_bucket', 'rows_per_program', 'cache_path', 'load', 'clear', 'lookup',
-           'save', 'forcing', 'tune', 'tune_cli']
+           'save', 'forcing', 'median_ms', 'tune', 'tune_cli']
 
 # %% ../../kernels_nb/08_autotune.ipynb #1855dbc1
 import contextlib, functools, json, os, re, tempfile, warnings
@@ -230,9 +230,12 @@ def _cases(op, quick, device, dtype, model, tokens=None):
     gen = _attention_cases if op.endswith("attention") else _elementwise_cases
     return gen(op, quick, device, dtype, model, tokens)
 
-def _do_bench(fn):
+def median_ms(fn, warmup: int = 25, rep: int = 100) -> float:
+    "Median milliseconds of `fn()` by `triton.testing.do_bench` (warm-up and repetitions in ms): the timer every kernel benchmark uses."
     import triton.testing
-    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+def _do_bench(fn): return median_ms(fn, warmup=10, rep=50)
 
 def _correct(fn, ref, tol) -> bool:
     "Does `fn()` run and agree with `ref`?"

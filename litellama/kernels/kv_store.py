@@ -59,12 +59,11 @@ def store_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 KV_HEADS = ((8, 128), (8, 64), (2, 128))     # (Hk, D): Qwen3-0.6B / Llama-3-8B, head_dim 64, few KV heads
 
-def _do_bench(fn): return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 def benchmark(device="cuda", tokens=TOKENS, kv_heads=KV_HEADS, dtypes=(torch.bfloat16,), timer=None,
               block_size=16) -> list[dict]:
     "Time `store_kv_cache` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer, rows = timer or _do_bench, []
+    timer, rows = timer or autotune.median_ms, []
     for dtype in dtypes:
         e = torch.finfo(dtype).bits // 8
         for H, D in kv_heads:

@@ -83,11 +83,10 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 HIDDEN = (1024, 2048, 4096, 8192)
 
-def _do_bench(fn): return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 def benchmark(device="cuda", tokens=TOKENS, hidden=HIDDEN, dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     "Time `rms_norm`/`fused_add_rms_norm` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer, rows = timer or _do_bench, []
+    timer, rows = timer or autotune.median_ms, []
     def add(op, shape, dtype, nbytes, fns):
         for backend, fn in fns.items():
             ms = timer(fn)

@@ -75,11 +75,10 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 HEADS = ((16, 8, 128), (32, 8, 128), (32, 8, 64))   # (Hq, Hk, D): Qwen3-0.6B, Llama-3-8B, head_dim 64
 
-def _do_bench(fn): return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 def benchmark(device="cuda", tokens=TOKENS, heads=HEADS, dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     "Time `rotary_embedding` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer, rows = timer or _do_bench, []
+    timer, rows = timer or autotune.median_ms, []
     for dtype in dtypes:
         e = torch.finfo(dtype).bits // 8
         for Hq, Hk, D in heads:
