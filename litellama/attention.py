@@ -9,6 +9,7 @@ __all__ = ['AttentionMetadata', 'ModelInput', 'build_model_input', 'PagedAttenti
 
 # %% ../nbs/03_attention.ipynb #9733d546
 import itertools
+import numpy as np
 from dataclasses import dataclass, fields
 import torch
 from torch import nn
@@ -42,26 +43,35 @@ def build_model_input(chunks, block_size: int, device="cpu", logits_for=None) ->
     """`chunks`: one `(token_ids, start, block_table)` per sequence, prefills first; the sequence's tokens
     `start..start+len(token_ids)` are new this step. A 1-token chunk after a prefix counts as a decode.
     `logits_for`: per sequence, whether its last token needs logits (default: all)."""
-    ids, pos, slots, lens, cu, tables = [], [], [], [], [0], []
-    num_prefills = 0
-    for toks, start, table in chunks:
-        n = len(toks)
-        if not (n == 1 and start > 0):
+    B, cu, lens, num_prefills = len(chunks), [0], [], 0
+    for toks, start, _ in chunks:
+        if not (len(toks) == 1 and start > 0):
             assert num_prefills == len(lens), "prefill chunks must come before decodes"
-            num_prefills += 1; cu.append(cu[-1] + n)
-        ids += list(toks); pos += range(start, start + n)
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
-        lens.append(start + n); tables.append(list(table))
-    width = max([len(t) for t in tables] + [1])
-    starts = [s for _, s, _ in chunks]
-    last = list(itertools.accumulate(l - s for l, s in zip(lens, starts)))
+            num_prefills += 1; cu.append(cu[-1] + len(toks))
+        lens.append(start + len(toks))
+    T = sum(len(t) for t, _, _ in chunks)
+    width = max([len(t) for _, _, t in chunks] + [1])
+    last = list(itertools.accumulate(len(t) for t, _, _ in chunks))
     if logits_for is not None: last = [x for x, keep in zip(last, logits_for) if keep]
     # everything in one int64 host buffer, moved to the device with a single copy
-    flat = ids + pos + slots + lens + cu + [x - 1 for x in last] + [b for t in tables for b in list(t) + [0] * (width - len(t))]
-    buf = torch.tensor(flat, dtype=torch.int64)
+    sizes = [T, T, T, B, len(cu), len(last), B * width]
+    buf = np.zeros(sum(sizes), dtype=np.int64)
+    ids, pos, slots, seq_lens, cu_q, logits_idx, tables = np.split(buf, np.cumsum(sizes)[:-1])
+    t = 0
+    for i, (toks, start, table) in enumerate(chunks):
+        n = len(toks)
+        if n == 1:                                    # decodes: plain Python is cheapest for one token
+            ids[t], pos[t], slots[t] = toks[0], start, table[start // block_size] * block_size + start % block_size
+        else:
+            p = np.arange(start, start + n)
+            ids[t:t + n], pos[t:t + n] = toks, p
+            slots[t:t + n] = np.asarray(table, dtype=np.int64)[p // block_size] * block_size + p % block_size
+        tables[i * width:i * width + len(table)] = table
+        t += n
+    seq_lens[:], cu_q[:], logits_idx[:] = lens, cu, [x - 1 for x in last]
+    buf = torch.from_numpy(buf)
     if torch.device(device).type != "cpu": buf = buf.pin_memory().to(device, non_blocking=True)
-    T, B = len(ids), len(lens)
-    parts = buf.split([T, T, T, B, len(cu), len(last), B * width])
+    parts = buf.split(sizes)
     attn = AttentionMetadata(parts[2], parts[3].to(torch.int32), parts[6].view(B, width).to(torch.int32), parts[4].to(torch.int32),
                              num_prefills, cu[-1], max([c - p for p, c in zip(cu, cu[1:])] + [0]), max(lens + [0]))
     return ModelInput(parts[0], parts[1], attn, parts[5])

@@ -6,8 +6,8 @@ Docs: https://litellama.github.io/litellama/benchmarks_nb/bench.html.md"""
 
 # %% auto #0
 __all__ = ['RESULTS', 'W1_ROWS', 'environment', 'save_results', 'hf_generate', 'ours_generate', 'cpu_vs_hf', 'random_prompts',
-           'workload1', 'workload2', 'workload3', 'copy_bandwidth_gbps', 'kernel_suite', 'gpu_suite', 'profile_decode',
-           'serving_suite']
+           'workload1', 'workload2', 'workload3', 'copy_bandwidth_gbps', 'kernel_suite', 'gpu_suite', 'forward_ms',
+           'profile_decode', 'serving_suite']
 
 # %% ../benchmarks_nb/00_bench.ipynb #4b6f7bb5
 import json, os, platform, random, subprocess, time
@@ -132,12 +132,11 @@ def workload3(llm, prompt_lens=(128, 4096), gen=128) -> list:
     from litellama.sampling import SamplingParams
     eng, res = llm.engine, []
     for L in prompt_lens:
-        prompt = random_prompts(1, L, seed=L)[0]
-        for attempt in range(2):                        # the first run warms up
-            rid = eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True))
+        for seed in (L + 1, L):                         # the first run warms up; the second prompt is not in the prefix cache
+            rid = eng.add_request(random_prompts(1, L, seed=seed)[0], SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True))
             _sync(); t0 = time.perf_counter(); times = []
-            while eng.has_unfinished_requests():
-                outs = eng.step(); _sync(); times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
+            while eng.has_unfinished_requests():         # a token is on the host when step() returns it: no other sync
+                outs = eng.step(); times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
         res.append(dict(prompt=L, generated=gen, ttft_ms=(times[0] - t0) * 1e3,
                         tpot_ms=(times[-1] - times[0]) / (len(times) - 1) * 1e3)); print(res[-1], flush=True)
     return res
@@ -180,31 +179,46 @@ def gpu_suite(out_dir, like="qwen3-0.6b", parts=("kernels", "w1", "w2", "w3"), w
     if "profile" in parts: save_results("profile", dict(info, profiles=[profile_decode(llm, b) for b in (1, 64, 256)]), out_dir)
 
 # %% ../benchmarks_nb/00_bench.ipynb #16ad46e9
+def forward_ms(llm, batch: int, context: int, reps: int = 20) -> float:
+    "Milliseconds of one decode forward alone (the CUDA graph when there is one) at `batch` sequences of `context` tokens."
+    from litellama.attention import build_model_input
+    runner = llm.engine.runner
+    mi = build_model_input([([0], context - 1, [0] * -(-context // runner.block_size))] * batch, runner.block_size, runner.device)
+    mi.attn.slot_mapping.fill_(-1)                      # reads block 0 everywhere, stores nothing
+    graphs = getattr(runner, "graphs", None) and batch <= runner.graph_sizes[-1]
+    fn = (lambda: runner._replay(mi)) if graphs else (lambda: runner.model(mi))
+    with torch.inference_mode():
+        for _ in range(3): fn()
+        if runner.device.type != "cuda":
+            t = time.perf_counter()
+            for _ in range(reps): fn()
+            return (time.perf_counter() - t) / reps * 1e3
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps): fn()
+        b.record(); b.synchronize()
+        return a.elapsed_time(b) / reps
+
 def profile_decode(llm, batch=64, prompt=128, steps=64, top=15) -> dict:
-    "Per decode step at `batch`: wall time, forward time (CUDA events), and the top host functions by own time."
-    import cProfile, pstats, io
+    "Per decode step at `batch`: wall time of `step()`, the forward alone, and the top host functions by own time (cProfile)."
+    import cProfile, pstats
     from litellama.sampling import SamplingParams
     eng = llm.engine
-    for p in random_prompts(batch, prompt, seed=7, vocab=min(10000, eng.config.vocab_size)): eng.add_request(p, SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True))
+    for p in random_prompts(batch, prompt, seed=7, vocab=min(10000, eng.config.vocab_size)):
+        eng.add_request(p, SamplingParams(temperature=0, max_tokens=2 * steps + 8, ignore_eos=True))
     while eng.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in eng.scheduler.running): eng.step()
-    fwd, orig = [], eng.runner.execute
-    cuda = eng.device.type == "cuda"
-    def timed(plan):
-        if not cuda: t = time.perf_counter(); out = orig(plan); fwd.append(time.perf_counter() - t); return out
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); out = orig(plan); b.record(); fwd.append((a, b)); return out
-    eng.runner.execute = timed
-    prof = cProfile.Profile()
-    _sync(); t0 = time.perf_counter(); prof.enable()
+    for _ in range(2): eng.step()
+    _sync(); t0 = time.perf_counter()
     for _ in range(steps): eng.step()
-    prof.disable(); _sync(); wall = (time.perf_counter() - t0) / steps
-    eng.runner.execute = orig
+    _sync(); wall = (time.perf_counter() - t0) / steps
+    prof = cProfile.Profile(); prof.enable()
+    for _ in range(steps): eng.step()
+    prof.disable()
     for r in list(eng.requests): eng.abort_request(r)
     while eng.has_unfinished_requests(): eng.step()
-    st = pstats.Stats(prof); st.sort_stats("tottime")
+    st = pstats.Stats(prof)
     rows = sorted(((v[2] / steps * 1e3, f"{k[0].split('/')[-1]}:{k[1]}({k[2]})") for k, v in st.stats.items()), reverse=True)[:top]
-    return dict(batch=batch, prompt=prompt, steps=steps, step_ms=wall * 1e3,
-                forward_ms=(sum(a.elapsed_time(b) for a, b in fwd) if cuda else sum(fwd) * 1e3) / len(fwd),
+    return dict(batch=batch, prompt=prompt, steps=steps, step_ms=wall * 1e3, forward_ms=forward_ms(llm, batch, prompt + steps),
                 host_top_ms_per_step=[dict(ms=round(ms, 3), fn=fn) for ms, fn in rows])
 
 # %% ../benchmarks_nb/00_bench.ipynb #88e578ff

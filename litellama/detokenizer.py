@@ -15,6 +15,7 @@ class IncrementalDetokenizer:
     "Text of a sequence's output tokens, produced as deltas; holds back what a stop string may still claim."
     def __init__(self, tokenizer, prompt_ids, stop=(), skip_special_tokens=True):
         self.tok, self.stop, self.skip = tokenizer, list(stop), skip_special_tokens
+        self._longest_stop = max((len(s) for s in self.stop), default=0)
         ctx = list(prompt_ids[-6:])
         self.ids, self.prefix, self.read = ctx, max(len(ctx) - 1, 0), len(ctx)
         self.text, self.emitted = "", 0          # full output text so far; chars of it released
@@ -32,7 +33,7 @@ class IncrementalDetokenizer:
         before = self._decode(self.ids[self.prefix:self.read])
         after = self._decode(self.ids[self.prefix:])
         if len(after) > len(before) and (not after.endswith("\ufffd") or len(self.ids) - self.read >= 8):
-            start = max(len(self.text) - max((len(s) for s in self.stop), default=0) + 1, 0)
+            start = max(len(self.text) - self._longest_stop + 1, 0)
             self.text += after[len(before):]
             self.prefix, self.read = self.read, len(self.ids)
             for s in self.stop:
@@ -46,7 +47,7 @@ class IncrementalDetokenizer:
             self.text += self._decode(self.ids[self.prefix:])[len(self._decode(self.ids[self.prefix:self.read])):]
             self.prefix = self.read = len(self.ids)
         end = len(self.text)
-        if not finished:
+        if not finished and self.stop:
             end -= max((k for s in self.stop for k in range(min(len(s) - 1, end), 0, -1) if self.text.endswith(s[:k])), default=0)
         delta = self.text[self.emitted:end]
         self.emitted = max(self.emitted, end)

@@ -26,6 +26,8 @@ class Sequence:
     @property
     def num_tokens(self): return len(self.token_ids)
     @property
+    def num_output_tokens(self): return len(self.token_ids) - self.num_prompt_tokens
+    @property
     def output_ids(self): return self.token_ids[self.num_prompt_tokens:]
 
 # %% ../nbs/08_kv_cache.ipynb #8f01cf6e
@@ -69,9 +71,9 @@ class BlockManager:
 
     def can_allocate(self, seq: Sequence, num_tokens: int, hits=()) -> bool:
         "Are there free blocks for `seq` to hold `num_tokens` tokens, after taking the prefix `hits`?"
-        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         need = self.blocks_needed(num_tokens) - len(seq.block_table) - len(hits)
-        return need + revived <= len(self.free)
+        if not hits: return need <= len(self.free)
+        return need + sum(1 for b in hits if self.blocks[b].ref_count == 0) <= len(self.free)
 
     def allocate(self, seq: Sequence, num_tokens: int, hits=()) -> None:
         "Give `seq` the prefix `hits` (shared) and fresh blocks until it can hold `num_tokens` tokens."
@@ -93,15 +95,16 @@ class BlockManager:
     def cache_full_blocks(self, seq: Sequence) -> None:
         "Register `seq`'s newly completed (computed and full) blocks in the prefix cache."
         if not self.enable_prefix_caching: return
-        bs = self.block_size
+        bs, n = self.block_size, seq.num_computed_tokens
+        if n and seq.token_ids[n - 1] < 0: n -= 1        # a sampled token not read back yet (the engine's placeholder)
         parent = self.blocks[seq.block_table[seq.num_cached_blocks - 1]].hash if seq.num_cached_blocks else None
-        for i in range(seq.num_cached_blocks, seq.num_computed_tokens // bs):
+        for i in range(seq.num_cached_blocks, n // bs):
             toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             b = self.blocks[seq.block_table[i]]
             b.hash, b.token_ids = block_hash(parent, toks, seq.extra_keys), toks
             self.cached.setdefault(b.hash, b.block_id)
             parent = b.hash
-        seq.num_cached_blocks = max(seq.num_cached_blocks, seq.num_computed_tokens // bs)
+        seq.num_cached_blocks = max(seq.num_cached_blocks, n // bs)
 
     def free_seq(self, seq: Sequence) -> None:
         "Release `seq`'s blocks, last block first so that a prefix's tail is evicted before its head."

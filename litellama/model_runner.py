@@ -35,6 +35,20 @@ class ModelRunner:
         self.kv_cache = torch.zeros(config.num_hidden_layers, 2, num_blocks, block_size, config.num_key_value_heads,
                                     self.head_dim, dtype=dtype, device=self.device)
         model.bind_kv_cache(self.kv_cache)
+        if self.device.type == "cuda": self.warm_up(max_num_batched_tokens)
+
+    @torch.inference_mode()
+    def warm_up(self, max_num_batched_tokens: int):
+        "Run one eager forward per token-count bucket, and decode steps of one and of many splits, storing nothing."
+        bs, n = self.block_size, max(1, max_num_batched_tokens)
+        table = lambda tokens: [0] * -(-tokens // bs)
+        steps = [[([0] * t, 0, table(t))] for t in sorted({min(2 ** i + 1, n) for i in range(n.bit_length() + 1)} | {1, n})]
+        steps += [[([0], 4095, table(4096))], [([0], 15, table(16))] * min(128, n)]
+        for chunks in steps:
+            mi = build_model_input(chunks, bs, self.device)
+            mi.attn.slot_mapping.fill_(-1)
+            self.model(mi)
+        torch.cuda.synchronize(self.device)
 
     def _profile_free_memory(self, max_tokens: int, utilization: float) -> int:
         "Bytes available for the cache: a fixed 1 GiB on a CPU; on a GPU measured around a worst-case step."
@@ -63,9 +77,13 @@ class ModelRunner:
         return build_model_input(chunks, self.block_size, self.device, logits_for=done)
 
     @torch.inference_mode()
-    def execute(self, plan: SchedulerOutput) -> torch.Tensor:
-        "Run one step; float32 logits for the sequences that complete (in plan order)."
+    def execute(self, plan: SchedulerOutput, prev_token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Run one step; logits for the sequences that complete (in plan order). A token id `-1 - j` in the plan is
+        a placeholder for `prev_token_ids[j]`, a token the previous step sampled that the host has not read yet."""
         mi = self.prepare(plan)
+        if prev_token_ids is not None:
+            ids = mi.input_ids
+            mi.input_ids = torch.where(ids < 0, prev_token_ids[(-1 - ids).clamp_(min=0)], ids)
         if getattr(self, "graphs", None) and mi.attn.num_prefills == 0 and len(mi.input_ids) <= self.graph_sizes[-1]:
             return self._replay(mi)
         return self.model(mi)

@@ -6,11 +6,12 @@ Docs: https://litellama.github.io/litellama/nbs/sampling.html.md"""
 
 # %% auto #0
 __all__ = ['SamplingParams', 'uniform_noise', 'SamplingTensors', 'uses_history', 'apply_penalties', 'filter_probs',
-           'SamplerOutput', 'sample']
+           'SamplerOutput', 'sample_on_device', 'logprobs_to_host', 'sample']
 
 # %% ../nbs/07_sampling.ipynb #bc2918c3
 from dataclasses import dataclass, field
 import torch
+from .kernels.registry import ops
 
 # %% ../nbs/07_sampling.ipynb #783d0161
 @dataclass
@@ -86,6 +87,7 @@ class SamplingTensors:
     banned: torch.Tensor | None = None            # [S, V] bool: may not be sampled now (min_tokens)
     num_logprobs: int = 0
     all_greedy: bool = False
+    filtered: torch.Tensor | None = None          # [S] bool: rows with top-k, top-p or min-p (None: no such row)
 
     @classmethod
     def build(cls, rows, vocab: int, device):
@@ -98,6 +100,8 @@ class SamplingTensors:
             st = cls(f([p.temperature for p in P]), f([p.top_k if p.top_k > 0 else vocab for p in P], torch.int64),
                      f([p.top_p for p in P]), f([p.min_p for p in P]), f([r[1] for r in rows], torch.int64),
                      f([_n(r[3]) for r in rows], torch.int64))
+            filt = [p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in P]
+            if any(filt): st.filtered = f(filt, torch.bool)
         st.num_logprobs = max([p.logprobs or 0 for p in P] + [0]) if any(p.logprobs is not None for p in P) else -1
         if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in P):
             st.repetition, st.presence, st.frequency = (f([p.repetition_penalty for p in P]), f([p.presence_penalty for p in P]),
@@ -105,7 +109,7 @@ class SamplingTensors:
             st.output_counts = torch.zeros(len(rows), vocab, device=device)
             st.prompt_mask = torch.zeros(len(rows), vocab, dtype=torch.bool, device=device)
             for i, r in enumerate(rows):
-                if r[3]: st.output_counts[i].index_add_(0, f(r[3], torch.int64), torch.ones(len(r[3]), device=device))
+                if not isinstance(r[3], int) and r[3]: st.output_counts[i].index_add_(0, f(r[3], torch.int64), torch.ones(len(r[3]), device=device))
                 if r[2]: st.prompt_mask[i, f(r[2], torch.int64)] = True
         ban = [(i, r[4] + r[0].stop_token_ids) for i, r in enumerate(rows) if _n(r[3]) < r[0].min_tokens]
         if ban:
@@ -149,21 +153,33 @@ class SamplerOutput:
     token_ids: list
     logprobs: list | None = None          # per row: {token_id: logprob} of the chosen token and the top-N
 
-def sample(logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
-    "Pick one token per row of float32 `logits` `[S, V]` under each row's parameters."
+def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
+    """Pick one token per row of `logits` `[S, V]` (any float dtype) under each row's parameters: `(ids, logprobs)`,
+    tensors on the logits' device; `logprobs` is `(chosen [S], top values [S, N], top ids [S, N])` or None."""
+    if not (st.all_greedy and st.output_counts is None and st.num_logprobs < 0): logits = logits.float()
     raw = logits
     logits = apply_penalties(logits, st)
     if st.banned is not None: logits = logits.masked_fill(st.banned, float("-inf"))
     greedy_ids = logits.argmax(-1)
     if st.all_greedy: ids = greedy_ids
     else:
-        probs = filter_probs(logits, st)
-        race = probs / -uniform_noise(st.seeds, st.steps, probs.shape[-1]).log()
-        ids = torch.where(st.temperature == 0, greedy_ids, race.argmax(-1))
-    if st.num_logprobs < 0: return SamplerOutput(ids.tolist())
+        ids = ops.gumbel_argmax(logits, st.temperature, st.seeds, st.steps)    # rows without filters: one pass, no sort
+        if st.filtered is not None:                                             # rows with filters: sort, filter, same noise
+            race = filter_probs(logits, st) / -uniform_noise(st.seeds, st.steps, logits.shape[-1]).log()
+            ids = torch.where(st.filtered, race.argmax(-1), ids)
+        ids = torch.where(st.temperature == 0, greedy_ids, ids)
+    if st.num_logprobs < 0: return ids, None
     lp = raw.log_softmax(-1)
-    chosen = lp.gather(-1, ids[:, None])[:, 0]
     top_v, top_i = lp.topk(max(st.num_logprobs, 1), -1)
-    ids_l, chosen_l, tv, ti = ids.tolist(), chosen.tolist(), top_v.tolist(), top_i.tolist()
-    out = [{**{t: v for t, v in zip(ti[r][:st.num_logprobs], tv[r][:st.num_logprobs])}, ids_l[r]: chosen_l[r]} for r in range(len(ids_l))]
-    return SamplerOutput(ids_l, out)
+    return ids, (lp.gather(-1, ids[:, None])[:, 0], top_v[:, :st.num_logprobs], top_i[:, :st.num_logprobs])
+
+def logprobs_to_host(ids: list, logprobs: tuple) -> list:
+    "Per row, `{token_id: logprob}` of the top-N and of the chosen token."
+    chosen, tv, ti = (t.tolist() for t in logprobs)
+    return [{**dict(zip(ti[r], tv[r])), ids[r]: chosen[r]} for r in range(len(ids))]
+
+def sample(logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
+    "`sample_on_device`, read back to the host."
+    ids, lp = sample_on_device(logits, st)
+    ids = ids.tolist()
+    return SamplerOutput(ids, logprobs_to_host(ids, lp) if lp is not None else None)

@@ -36,7 +36,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput):
         "Free `seq`'s blocks; it will recompute from the start, ahead of every newer request."
-        self.running.remove(seq)
+        self.running.pop() if self.running[-1] is seq else self.running.remove(seq)
         self.bm.free_seq(seq)
         self.waiting.appendleft(seq)
         out.preempted.append(seq); self.num_preemptions += 1
@@ -48,10 +48,11 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.bm.can_allocate(seq, seq.num_computed_tokens + n):
-                self._preempt(self.running[-1], out)          # the newest goes first
-                if seq not in self.running: break
-            if seq not in self.running: break
+            victim = None
+            while victim is not seq and not self.bm.can_allocate(seq, seq.num_computed_tokens + n):
+                victim = self.running[-1]                     # the newest goes first
+                self._preempt(victim, out)
+            if victim is seq: break
             self.bm.allocate(seq, seq.num_computed_tokens + n)
             out.scheduled.append((seq, n)); budget -= n; i += 1
         # 2. waiting sequences, strictly in order, unless we just had to preempt

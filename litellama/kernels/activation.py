@@ -14,7 +14,7 @@ import triton.language as tl
 from . import autotune, reference
 
 # %% ../../kernels_nb/04_activation.ipynb #22d9a73f
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _silu_and_mul_kernel(x_ptr, out_ptr, n_rows, s_x,
                          I: tl.constexpr, BLOCK_I: tl.constexpr, ROWS: tl.constexpr):
     "`out[r, c] = silu(x[r, c]) * x[r, I + c]` on a `ROWS × BLOCK_I` tile."

@@ -42,7 +42,7 @@ def _num_splits(batch: int, kv_heads: int, max_seq_len: int, cfg: dict, num_sms:
     return max(1, min(want, useful, cfg["max_splits"]))
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #635a142b
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_TABLES, qk_scale, num_splits,
                          stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                          stride_ob, stride_oh, stride_od, stride_bt,
@@ -85,7 +85,7 @@ def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_T
         tl.store(ACC_PART + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok)
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #8a03555f
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(O, M_PART, L_PART, ACC_PART, num_splits, stride_ob, stride_oh, stride_od,
                          HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
     "Combine the partial softmaxes of every split of one (sequence, query head) into its output."
@@ -132,7 +132,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if num_splits > 1:
         _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, num_splits, *out.stride(),
-                                      HEAD_DIM=D, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4)
+                                      HEAD_DIM=D, SPLITS_PAD=triton.next_power_of_2(max(num_splits, cfg["max_splits"])), num_warps=4)
     return out
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #2ef1dd64

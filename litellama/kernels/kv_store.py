@@ -14,7 +14,7 @@ import triton.language as tl
 from . import autotune, reference
 
 # %% ../../kernels_nb/05_kv_store.ipynb #c277c86e
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens"])
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, n_tokens, block_size,
                      sk_t, sk_h, sv_t, sv_h, skc_b, skc_s, skc_h, svc_b, svc_s, svc_h,
                      H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):

@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 
 # %% ../../kernels_nb/01_registry.ipynb #6e8c71cf
-OPS = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
-       "store_kv_cache", "prefill_attention", "decode_attention")
+OPS = ("linear", "rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
+       "store_kv_cache", "prefill_attention", "decode_attention", "gumbel_argmax")
 
 # %% ../../kernels_nb/01_registry.ipynb #0c890297
 @dataclass
@@ -50,11 +50,11 @@ def _probe_triton(device_type):
 _K = "litellama.kernels."
 BACKENDS = {
     "triton": Backend("triton", {
-        "rms_norm": _K + "rmsnorm:rms_norm", "fused_add_rms_norm": _K + "rmsnorm:fused_add_rms_norm",
+        "linear": _K + "linear:linear", "rms_norm": _K + "rmsnorm:rms_norm", "fused_add_rms_norm": _K + "rmsnorm:fused_add_rms_norm",
         "rotary_embedding": _K + "rope:rotary_embedding", "silu_and_mul": _K + "activation:silu_and_mul",
         "store_kv_cache": _K + "kv_store:store_kv_cache",
         "prefill_attention": _K + "prefill_attention:prefill_attention",
-        "decode_attention": _K + "decode_attention:decode_attention"},
+        "decode_attention": _K + "decode_attention:decode_attention", "gumbel_argmax": _K + "gumbel:gumbel_argmax"},
         _probe_triton, auto=lambda device_type: device_type == "cuda", graph_safe=True),
     "torch": Backend("torch", {op: _K + f"reference:{op}" for op in OPS}, _probe_torch),
 }

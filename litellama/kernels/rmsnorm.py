@@ -14,7 +14,7 @@ import triton.language as tl
 from . import autotune, reference
 
 # %% ../../kernels_nb/02_rmsnorm.ipynb #3468cf0f
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, n_rows, n_heads,
                      sx_t, sx_h, sr_t, sr_h, eps,
                      N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr):

@@ -28,7 +28,7 @@ def _rotate_heads(x_ptr, o_ptr, toks, tmask, s_t, s_h, cos, sin,
     tl.store(o + HALF, (x2 * cos + x1 * sin).to(o_ptr.dtype.element_ty), mask=mask)
 
 # %% ../../kernels_nb/03_rope.ipynb #a84f415f
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens"])
 def _rope_kernel(pos_ptr, cs_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, n_tokens, s_cs,
                  sq_t, sq_h, sk_t, sk_h,
                  HQ: tl.constexpr, HK: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,

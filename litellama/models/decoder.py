@@ -81,9 +81,9 @@ class CausalLM(nn.Module):
         self.lm_head = self.model.embed_tokens if self.tied else Linear(config.hidden_size, config.vocab_size, False, dtype, device)
 
     def forward(self, mi: ModelInput) -> torch.Tensor:
-        "Logits `[len(mi.logits_indices), vocab]` in float32."
+        "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
         hidden = self.model(mi)[mi.logits_indices]
-        return linear(hidden, self.lm_head.weight).float()
+        return linear(hidden, self.lm_head.weight)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor):
         "Give each layer its views of the `[layers, 2, num_blocks, block_size, Hk, D]` cache."
