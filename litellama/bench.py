@@ -153,7 +153,7 @@ def kernel_suite() -> list:
     "Every Triton kernel module's `benchmark()` rows."
     import importlib
     rows = []
-    for mod in ("rmsnorm", "rope", "activation", "kv_store", "prefill_attention", "decode_attention"):
+    for mod in ("rmsnorm", "rope", "activation", "kv_store", "prefill_attention", "decode_attention", "gumbel"):
         try: rows += importlib.import_module(f"litellama.kernels.{mod}").benchmark()
         except Exception as e: rows.append(dict(op=mod, error=f"{type(e).__name__}: {e}")); print(mod, "failed:", e, flush=True)
     return rows

@@ -61,11 +61,12 @@ class Completion:
 class ContinuousBatchingEngine:
     "Continuous batching over a paged KV cache: `add_request`, then `step()` until `has_unfinished_requests()` is False."
     def __init__(self, model, config, tokenizer, model_dir=None, *, device="cpu", dtype=torch.float32,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_prefix_caching: bool = True,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  block_size: int = 16, num_kv_blocks: int | None = None, max_model_len: int | None = None,
                  kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
                  enforce_eager: bool = False, async_scheduling: bool | None = None):
         if block_size < 1 or block_size & (block_size - 1): raise ValueError("block_size must be a power of two")
+        if max_num_batched_tokens is None: max_num_batched_tokens = 16384 if torch.device(device).type == "cuda" else 8192
         if max_num_seqs < 1 or max_num_batched_tokens < 1: raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.model, self.config, self.tokenizer, self.model_dir = model, config, tokenizer, model_dir
         self.device, self.dtype = torch.device(device), dtype

@@ -44,6 +44,7 @@ class ModelRunner:
         table = lambda tokens: [0] * -(-tokens // bs)
         steps = [[([0] * t, 0, table(t))] for t in sorted({min(2 ** i + 1, n) for i in range(n.bit_length() + 1)} | {1, n})]
         steps += [[([0], 4095, table(4096))], [([0], 15, table(16))] * min(128, n)]
+        steps += [[([0] * 33, 0, table(33))] + [([0], 15, table(16))] * 3]        # a mixed step: decodes after a prefill
         for chunks in steps:
             mi = build_model_input(chunks, bs, self.device)
             mi.attn.slot_mapping.fill_(-1)

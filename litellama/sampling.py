@@ -94,7 +94,7 @@ class SamplingTensors:
         """`rows`: per row `(params, seed, prompt_ids, output_ids, eos_ids)`; `output_ids` may be just its length (an int)
         when the row uses no penalty, and `prompt_ids` then unused."""
         P = [r[0] for r in rows]
-        f = lambda vals, dt=torch.float32: torch.tensor(vals, dtype=dt, device=device)
+        f = lambda vals, dt=torch.float32: _upload(vals, dt, device)
         if all(p.greedy for p in P): st = cls(*([None] * 6), all_greedy=True)      # argmax needs no parameters
         else:
             st = cls(f([p.temperature for p in P]), f([p.top_k if p.top_k > 0 else vocab for p in P], torch.int64),
@@ -119,6 +119,11 @@ class SamplingTensors:
 
 # %% ../nbs/07_sampling.ipynb #591c908b
 def _n(out) -> int: return out if isinstance(out, int) else len(out)
+
+def _upload(vals, dtype, device) -> torch.Tensor:
+    "`vals` as a tensor on `device`; to a GPU through pinned memory, so that the host does not wait for the GPU."
+    t = torch.tensor(vals, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t
 
 def uses_history(p: SamplingParams) -> bool:
     "Does sampling for `p` need the token history (penalties)?"

@@ -123,9 +123,70 @@ def test_cuda_graphs_same_tokens_as_eager(tmp_path):
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 80))] for _ in range(37)]
     res = []
-    for eager in (True, False):
-        llm = LLM(path, dtype="float32", device="cuda", num_kv_blocks=1024, max_num_seqs=48, enforce_eager=eager)
+    for eager, overlap in ((True, False), (False, False), (False, True)):
+        llm = LLM(path, dtype="float32", device="cuda", num_kv_blocks=1024, max_num_seqs=48, enforce_eager=eager, async_scheduling=overlap)
         assert bool(getattr(llm.engine.runner, "graphs", None)) == (not eager)
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, min_tokens=20), use_tqdm=False)
         res.append([o.outputs[0].token_ids for o in outs])
+    assert res[0] == res[1] == res[2]
+
+def test_overlapped_sampling_same_as_step_by_step(tmp_path):
+    "Seeded sampling, penalties and logprobs give the same tokens with and without overlapped steps."
+    from litellama.checkpoints import make_random_checkpoint
+    from litellama.llm import LLM
+    from litellama.sampling import SamplingParams
+    path = make_random_checkpoint("tiny-qwen3", tmp_path / "q", dtype=torch.float32, seed=4)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 40))] for _ in range(12)]
+    kinds = [SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True),
+             SamplingParams(temperature=0.7, top_p=0.9, seed=6, max_tokens=16, ignore_eos=True),
+             SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=16, ignore_eos=True),
+             SamplingParams(temperature=0, logprobs=3, max_tokens=16, ignore_eos=True)]
+    res = []
+    for overlap in (False, True):
+        llm = LLM(path, dtype="float32", device="cuda", num_kv_blocks=512, async_scheduling=overlap)
+        outs = llm.generate(prompts, [kinds[i % 4] for i in range(len(prompts))], use_tqdm=False)
+        res.append([o.outputs[0].token_ids for o in outs])
     assert res[0] == res[1]
+
+def test_gumbel_argmax_matches_reference():
+    from litellama.kernels import gumbel
+    from litellama.sampling import uniform_noise
+    for S in (1, 7, 256):
+        logits = torch.randn(S, 151936, device="cuda") * 4
+        args = (torch.rand(S, device="cuda") + 0.3, torch.randint(0, 2**62, (S,), device="cuda"), torch.randint(0, 2**20, (S,), device="cuda"))
+        assert (gumbel.gumbel_argmax(logits, *args) == ref.gumbel_argmax(logits, *args)).float().mean() >= 0.99
+    seeds, steps = torch.randint(0, 2**62, (64,), device="cuda"), torch.randint(0, 2**20, (64,), device="cuda")
+    u = uniform_noise(seeds, steps, 5000)             # the kernel's uniforms are the sampler's, bit for bit
+    assert torch.equal(gumbel.gumbel_argmax(torch.zeros(64, 5000, device="cuda"), torch.ones(64, device="cuda"), seeds, steps), u.argmax(-1))
+
+@pytest.mark.parametrize("dtype", DT)
+def test_skinny_linear(dtype):
+    import torch.nn.functional as F
+    from litellama.kernels.linear import skinny_linear
+    for N, K in [(4096, 1024), (1024, 3072), (16384, 2048), (151936, 1024)]:
+        w, b = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5, torch.randn(N, device="cuda", dtype=dtype)
+        for M in (1, 3, 16, 32):
+            x = torch.randn(M, K, device="cuda", dtype=dtype)
+            assert rel_err(skinny_linear(x, w, b), F.linear(x.float(), w.float(), b.float())) < 1e-2
+
+def test_qwen3_06b_shape_close_to_hf_by_vllm_rule(tmp_path):
+    "bf16, real shape: greedy tokens equal HF's until they first differ; there each side's token is in the other's top 5."
+    import transformers
+    from litellama.checkpoints import make_random_checkpoint
+    from litellama.llm import LLM
+    from litellama.sampling import SamplingParams
+    path = make_random_checkpoint("qwen3-0.6b", tmp_path / "q", dtype=torch.bfloat16)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(10000) for _ in range(rng.randint(16, 200))] for _ in range(8)]
+    llm = LLM(path, dtype="bfloat16", device="cuda", num_kv_blocks=2048)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=5), use_tqdm=False)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
+    for p, o in zip(prompts, outs):
+        g = hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0,
+                        output_logits=True, return_dict_in_generate=True)
+        theirs, ours = g.sequences[0, len(p):].tolist(), o.outputs[0].token_ids
+        diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        if diff is None: continue
+        assert ours[diff] in g.logits[diff][0].float().topk(5).indices.tolist()
+        assert theirs[diff] in o.outputs[0].logprobs[diff]

@@ -17,7 +17,7 @@ from .prefill_attention import _attend_tile, check_paged_args, random_paged_kv
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #4d8c9fea
 DEFAULTS = {
-    "cuda":      {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 4, "min_split": 256, "max_splits": 64},
+    "cuda":      {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2, "min_split": 256, "max_splits": 64},
     "cuda_fp32": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4, "min_split": 256, "max_splits": 64},
     "interpret": {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_per_sm": 2, "min_split": 32, "max_splits": 8},
 }
@@ -42,7 +42,7 @@ def _num_splits(batch: int, kv_heads: int, max_seq_len: int, cfg: dict, num_sms:
     return max(1, min(want, useful, cfg["max_splits"]))
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #635a142b
-@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
+@triton.jit(do_not_specialize=["SEQ_LENS", "BLOCK_TABLES", "num_splits", "stride_bt"])
 def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_TABLES, qk_scale, num_splits,
                          stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                          stride_ob, stride_oh, stride_od, stride_bt,

@@ -19,11 +19,11 @@ M32 = 0xFFFFFFFF
 
 @triton.jit
 def _mix32(h):
-    "murmur3's 32-bit finaliser on int64 values in [0, 2**32), as `sampling._mix32`."
+    "murmur3's 32-bit finaliser, as `sampling._mix32`, on uint32 values: the multiplications wrap modulo 2**32 by themselves."
     h = h ^ (h >> 16)
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h = h * 0x85EBCA6B
     h = h ^ (h >> 13)
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h = h * 0xC2B2AE35
     return h ^ (h >> 16)
 
 @triton.jit(do_not_specialize=["V", "cols_per_split"])
@@ -32,8 +32,8 @@ def _gumbel_argmax_kernel(logits_ptr, s_row, inv_t_ptr, row_hash_ptr, seed_hi_pt
     "Program `(r, s)`: the best `logit / T + gumbel` among columns `s·cols_per_split …` of row `r`, and where it is."
     r, s = tl.program_id(0), tl.program_id(1)
     inv_t = tl.load(inv_t_ptr + r)
-    row_hash = tl.load(row_hash_ptr + r)
-    seed_hi = tl.load(seed_hi_ptr + r)
+    row_hash = tl.load(row_hash_ptr + r).to(tl.uint32)
+    seed_hi = tl.load(seed_hi_ptr + r).to(tl.uint32)
     lo = s * cols_per_split
     hi = tl.minimum(lo + cols_per_split, V)
     best_v = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -42,7 +42,7 @@ def _gumbel_argmax_kernel(logits_ptr, s_row, inv_t_ptr, row_hash_ptr, seed_hi_pt
         cols = start + tl.arange(0, BLOCK)
         mask = cols < hi
         x = tl.load(logits_ptr + r.to(tl.int64) * s_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        h = _mix32(_mix32((row_hash ^ (cols.to(tl.int64) * 0x27D4EB2F)) & 0xFFFFFFFF) ^ seed_hi)
+        h = _mix32(_mix32(row_hash ^ (cols.to(tl.uint32) * 0x27D4EB2F)) ^ seed_hi)
         u = ((h >> 8).to(tl.float32) + 0.5) / 16777216.0
         score = tl.where(mask, x * inv_t - tl.log(-tl.log(u)), float("-inf"))
         better = score > best_v                     # strict: the earliest column wins a tie

@@ -70,7 +70,7 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_bas
     return acc, m_new, l_i
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #aa80481e
-@triton.jit(do_not_specialize=["num_seqs", "num_slots", "search_steps", "stride_bt"])
+@triton.jit(do_not_specialize=["CU_Q", "SEQ_LENS", "BLOCK_TABLES", "num_seqs", "num_slots", "search_steps", "stride_bt"])
 def _prefill_kernel(Q, K, V, O, CU_Q, SEQ_LENS, BLOCK_TABLES, qk_scale, num_seqs, num_slots, search_steps,
                     stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                     stride_ot, stride_oh, stride_od, stride_bt,
