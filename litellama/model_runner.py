@@ -40,16 +40,21 @@ class ModelRunner:
     @torch.inference_mode()
     def warm_up(self, max_num_batched_tokens: int):
         "Run one eager forward per token-count bucket, and decode steps of one and of many splits, storing nothing."
-        bs, n = self.block_size, max(1, max_num_batched_tokens)
+        bs, n, L = self.block_size, max(1, max_num_batched_tokens), self.config.max_position_embeddings
         table = lambda tokens: [0] * -(-tokens // bs)
-        steps = [[([0] * t, 0, table(t))] for t in sorted({min(2 ** i + 1, n) for i in range(n.bit_length() + 1)} | {1, n})]
-        steps += [[([0], 4095, table(4096))], [([0], 15, table(16))] * min(128, n)]
+        steps = [self._prompts(t) for t in sorted({min(2 ** i + 1, n) for i in range(n.bit_length() + 1)} | {1, n})]
+        steps += [[([0], min(4096, L) - 1, table(min(4096, L)))], [([0], 15, table(16))] * min(128, n)]
         steps += [[([0] * 33, 0, table(33))] + [([0], 15, table(16))] * 3]        # a mixed step: decodes after a prefill
         for chunks in steps:
             mi = build_model_input(chunks, bs, self.device)
             mi.attn.slot_mapping.fill_(-1)
             self.model(mi)
         torch.cuda.synchronize(self.device)
+
+    def _prompts(self, tokens: int) -> list:
+        "Chunks of dummy prompts holding `tokens` tokens, none longer than the model's positions, all reading block 0."
+        L = self.config.max_position_embeddings
+        return [([0] * min(L, tokens - i), 0, [0] * -(-min(L, tokens - i) // self.block_size)) for i in range(0, tokens, L)]
 
     def _profile_free_memory(self, max_tokens: int, utilization: float) -> int:
         "Bytes available for the cache: a fixed 1 GiB on a CPU; on a GPU measured around a worst-case step."
@@ -58,8 +63,7 @@ class ModelRunner:
         probe = torch.zeros(self.config.num_hidden_layers, 2, 1, self.block_size, self.config.num_key_value_heads,
                             self.head_dim, dtype=self.dtype, device=self.device)
         self.model.bind_kv_cache(probe)
-        n = max(1, max_tokens)
-        mi = build_model_input([([0] * n, 0, [0] * ((n + self.block_size - 1) // self.block_size))], self.block_size, self.device)
+        mi = build_model_input(self._prompts(max(1, max_tokens)), self.block_size, self.device)
         mi.attn.slot_mapping.fill_(-1)                       # the probe cache has one block: store nothing
         with torch.inference_mode(): self.model(mi)
         torch.cuda.synchronize(self.device)
