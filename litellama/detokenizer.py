@@ -22,6 +22,12 @@ class IncrementalDetokenizer:
         self.stopped = False
         backend = getattr(tokenizer, "backend_tokenizer", None)     # the Rust tokenizer: same text, less Python per call
         self._fast = backend.decode if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False) else None
+        self._stream = None
+        if self._fast is not None:
+            try:
+                from tokenizers.decoders import DecodeStream
+                self._stream, self._backend = DecodeStream(ids=ctx or None, skip_special_tokens=skip_special_tokens), backend
+            except (ImportError, TypeError): pass                   # an older `tokenizers`: decode windows here instead
 
     def _decode(self, ids):
         if self._fast is not None: return self._fast(ids, skip_special_tokens=self.skip)
@@ -30,11 +36,15 @@ class IncrementalDetokenizer:
     def add_token(self, token_id: int) -> bool:
         "Append one generated token; returns True when a stop string has been found (text is cut before it)."
         self.ids.append(token_id)
-        before = self._decode(self.ids[self.prefix:self.read])
-        after = self._decode(self.ids[self.prefix:])
-        if len(after) > len(before) and (not after.endswith("\ufffd") or len(self.ids) - self.read >= 8):
+        if self._stream is not None: piece = self._stream.step(self._backend, token_id)
+        else:
+            before = self._decode(self.ids[self.prefix:self.read])
+            after = self._decode(self.ids[self.prefix:])
+            ready = len(after) > len(before) and (not after.endswith("\ufffd") or len(self.ids) - self.read >= 8)
+            piece = after[len(before):] if ready else None
+        if piece:
             start = max(len(self.text) - self._longest_stop + 1, 0)
-            self.text += after[len(before):]
+            self.text += piece
             self.prefix, self.read = self.read, len(self.ids)
             for s in self.stop:
                 pos = self.text.find(s, start)

@@ -56,6 +56,7 @@ class Completion:
     finished: bool = False
     finish_reason: str | None = None
     logprobs: list = field(default_factory=list)
+    needs_history: bool = False           # penalties: sampling needs every token on the host
 
 # %% ../nbs/12_engine.ipynb #87db56f9
 class ContinuousBatchingEngine:
@@ -134,7 +135,7 @@ def add_request(self, prompt, params: SamplingParams | None = None, request_id: 
     for i in range(params.n):
         seq = Sequence(next(self._seq_ids), list(ids), len(ids))
         det = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens) if self.tokenizer else None
-        comps.append(Completion(request_id, i, seq, params, base_seed + i, det, max_tokens))
+        comps.append(Completion(request_id, i, seq, params, base_seed + i, det, max_tokens, needs_history=uses_history(params)))
     self.requests[request_id] = comps
     for c in comps:
         self.by_seq[c.seq.seq_id] = c; self.scheduler.add(c.seq)
@@ -172,9 +173,9 @@ def _launch(self, outputs: list) -> InFlightStep | None:
     self.num_steps += 1
     done = [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens == s.num_tokens]
     if not done: return None
-    if prev is not None and any(uses_history(c.params) for c in done):   # penalties need every token on the host
+    if prev is not None and any(c.needs_history for c in done):    # penalties need every token on the host
         outputs += self._read_back(prev); self._in_flight = None
-    rows = [(c.params, c.seed, c.seq.token_ids[:c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids) if uses_history(c.params)
+    rows = [(c.params, c.seed, c.seq.token_ids[:c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids) if c.needs_history
             else (c.params, c.seed, (), c.seq.num_output_tokens, self.eos_ids) for c in done]
     ids, lp = sample_on_device(logits, SamplingTensors.build(rows, logits.shape[-1], logits.device))
     host, ready = ids, None

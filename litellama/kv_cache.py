@@ -96,7 +96,8 @@ class BlockManager:
         "Register `seq`'s newly completed (computed and full) blocks in the prefix cache."
         if not self.enable_prefix_caching: return
         bs, n = self.block_size, seq.num_computed_tokens
-        if n and seq.token_ids[n - 1] < 0: n -= 1        # a sampled token not read back yet (the engine's placeholder)
+        if n // bs <= seq.num_cached_blocks: return      # no block completed since the last call (most steps)
+        if seq.token_ids[n - 1] < 0: n -= 1              # a sampled token not read back yet (the engine's placeholder)
         parent = self.blocks[seq.block_table[seq.num_cached_blocks - 1]].hash if seq.num_cached_blocks else None
         for i in range(seq.num_cached_blocks, n // bs):
             toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])

@@ -97,11 +97,11 @@ class SamplingTensors:
         f = lambda vals, dt=torch.float32: _upload(vals, dt, device)
         if all(p.greedy for p in P): st = cls(*([None] * 6), all_greedy=True)      # argmax needs no parameters
         else:
-            st = cls(f([p.temperature for p in P]), f([p.top_k if p.top_k > 0 else vocab for p in P], torch.int64),
-                     f([p.top_p for p in P]), f([p.min_p for p in P]), f([r[1] for r in rows], torch.int64),
-                     f([_n(r[3]) for r in rows], torch.int64))
-            filt = [p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in P]
-            if any(filt): st.filtered = f(filt, torch.bool)
+            fl = f([[p.temperature for p in P], [p.top_p for p in P], [p.min_p for p in P]])     # two copies to the device
+            it = f([[p.top_k if p.top_k > 0 else vocab for p in P], [r[1] for r in rows], [_n(r[3]) for r in rows]], torch.int64)
+            st = cls(fl[0], it[0], fl[1], fl[2], it[1], it[2])
+            if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in P):
+                st.filtered = (it[0] < vocab) | (fl[1] < 1) | (fl[2] > 0)
         st.num_logprobs = max([p.logprobs or 0 for p in P] + [0]) if any(p.logprobs is not None for p in P) else -1
         if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in P):
             st.repetition, st.presence, st.frequency = (f([p.repetition_penalty for p in P]), f([p.presence_penalty for p in P]),
