@@ -20,11 +20,15 @@ def _engine_args(p):
     p.add_argument("--block-size", type=int, default=None); p.add_argument("--num-kv-blocks", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: every step runs eagerly")
+    p.add_argument("--no-overlap", action="store_true", help="read each step back before scheduling the next (no overlapped steps)")
 
 def _engine_options(a) -> dict:
     opts = {k: getattr(a, k) for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len")
             if getattr(a, k) is not None}
     if a.no_prefix_caching: opts["enable_prefix_caching"] = False
+    if a.enforce_eager: opts["enforce_eager"] = True
+    if a.no_overlap: opts["async_scheduling"] = False
     return opts
 
 def _sampling_args(p, max_tokens=256):
