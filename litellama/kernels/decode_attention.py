@@ -8,7 +8,7 @@ Docs: https://litellama.github.io/litellama/kernels_nb/decode_attention.html.md"
 __all__ = ['DEFAULTS', 'COPY_GBPS', 'decode_attention', 'benchmark']
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #3cf05eb5
-import functools, math
+import math
 import torch
 import triton
 import triton.language as tl
@@ -28,11 +28,6 @@ def _config(device_type: str, dtype: torch.dtype, head_dim: int = 0, batch: int 
     key = (str(dtype).replace("torch.", ""), head_dim, autotune.shape_bucket(batch))
     if device_type != "cuda": return autotune.lookup("decode_attention", key, dict(DEFAULTS["interpret"]), device_type)
     return autotune.lookup("decode_attention", key, dict(DEFAULTS["cuda_fp32" if dtype == torch.float32 else "cuda"]), device_type)
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    "Streaming multiprocessors of a CUDA device; a pretend 4 for the interpreter."
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #0dd18dd3
 def _num_splits(batch: int, kv_heads: int, max_seq_len: int, cfg: dict, num_sms: int) -> int:
@@ -115,7 +110,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cfg = _config(q.device.type, q.dtype, D, B)
     if num_splits is None:
         if max_seq_len is None: max_seq_len = int(seq_lens.max())  # the one host sync; pass max_seq_len to avoid it
-        num_splits = _num_splits(B, Hk, max_seq_len, cfg, _num_sms(q.device))
+        num_splits = _num_splits(B, Hk, max_seq_len, cfg, autotune.num_sms(q.device))
     group = Hq // Hk
     if block_tables.stride(-1) != 1: block_tables = block_tables.contiguous()
     seq_lens = seq_lens.contiguous()

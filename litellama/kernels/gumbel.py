@@ -8,7 +8,6 @@ Docs: https://litellama.github.io/litellama/kernels_nb/gumbel.html.md"""
 __all__ = ['DEFAULTS', 'gumbel_argmax', 'benchmark']
 
 # %% ../../kernels_nb/11_gumbel.ipynb #c43a93cb
-import functools
 import torch
 import triton
 import triton.language as tl
@@ -56,10 +55,6 @@ def _gumbel_argmax_kernel(logits_ptr, s_row, temp_ptr, seeds_ptr, steps_ptr, bes
 # %% ../../kernels_nb/11_gumbel.ipynb #4c154306
 DEFAULTS = {"BLOCK": 1024, "min_cols": 8192, "programs_per_sm": 2, "num_warps": 4}
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
 def _splits(rows: int, vocab: int, num_sms: int) -> int:
     "Pieces each row's vocabulary is cut into: enough programs to fill the GPU, none under `min_cols` columns."
     want = -(-DEFAULTS["programs_per_sm"] * num_sms // max(rows, 1))
@@ -71,7 +66,7 @@ def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.
     assert temperature.shape == seeds.shape == steps.shape == (S,), "temperature, seeds and steps need one value per row"
     if S == 0: return torch.empty(0, dtype=torch.int64, device=logits.device)
     if logits.stride(-1) != 1: logits = logits.contiguous()
-    splits = _splits(S, V, _num_sms(logits.device))
+    splits = _splits(S, V, autotune.num_sms(logits.device))
     best_v = torch.empty(S, splits, dtype=torch.float32, device=logits.device)
     best_i = torch.empty(S, splits, dtype=torch.int64, device=logits.device)
     block = DEFAULTS["BLOCK"] if logits.device.type == "cuda" else 128

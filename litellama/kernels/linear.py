@@ -8,7 +8,6 @@ Docs: https://litellama.github.io/litellama/kernels_nb/linear.html.md"""
 __all__ = ['SHAPES', 'MAX_M', 'DEFAULTS', 'SKINNY_MAX_WEIGHT', 'CONFIGS', 'skinny_linear', 'linear', 'benchmark', 'sweep']
 
 # %% ../../kernels_nb/10_linear.ipynb #ad13656b
-import functools
 import torch
 import torch.nn.functional as F
 import triton
@@ -85,11 +84,6 @@ DEFAULTS = {
                       programs_per_sm=2, min_split=64, max_split=4, num_warps=1, num_stages=1),
 }
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    "Streaming multiprocessors of a CUDA device; a pretend 4 for the interpreter."
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
 def _split_k(N: int, K: int, block_n: int, d: dict, num_sms: int) -> int:
     "Slices of the input features: enough programs to fill the GPU, no slice shorter than `min_split`."
     blocks, want = triton.cdiv(N, block_n), d["programs_per_sm"] * num_sms
@@ -138,7 +132,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0 or N == 0: return out
     if x.stride(-1) != 1: x = x.contiguous()
-    cfg = {**_config(M, N, K, x.dtype, x.device.type, _num_sms(x.device)), **(config or {})}
+    cfg = {**_config(M, N, K, x.dtype, x.device.type, autotune.num_sms(x.device)), **(config or {})}
     kps, splits = _plan(K, cfg)
     m_pad = max(triton.next_power_of_2(M), 16 if cfg["USE_DOT"] else 1)
     part = out if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
@@ -193,11 +187,11 @@ def sweep(device="cuda", shapes=SHAPES, ms=(1, 2, 4, 8, 16), configs=None, dtype
         for M in ms:
             x = torch.randn(M, K, device=device, dtype=dtype)
             ref = F.linear(x, w).float()
-            rule = _config(M, N, K, dtype, dev.type, _num_sms(dev))
+            rule = _config(M, N, K, dtype, dev.type, autotune.num_sms(dev))
             variants = [("triton", rule)]
             for c in (CONFIGS if configs is None else configs):
                 cfg = {**rule, **c}
-                if "SPLIT_K" not in c: cfg["SPLIT_K"] = _split_k(N, K, cfg["BLOCK_N"], d, _num_sms(dev))
+                if "SPLIT_K" not in c: cfg["SPLIT_K"] = _split_k(N, K, cfg["BLOCK_N"], d, autotune.num_sms(dev))
                 if cfg["USE_DOT"] or triton.next_power_of_2(M) * cfg["BLOCK_N"] * cfg["BLOCK_K"] <= 4 * d["tile"]:
                     variants.append(("triton", cfg))
             variants += [("torch", None)] + ([("mv", None)] if M == 1 else [])
