@@ -190,3 +190,11 @@ def test_qwen3_06b_shape_close_to_hf_by_vllm_rule(tmp_path):
         if diff is None: continue
         assert ours[diff] in g.logits[diff][0].float().topk(5).indices.tolist()
         assert theirs[diff] in o.outputs[0].logprobs[diff]
+
+def test_graph_timer_and_linear_sweep():
+    "The CUDA-graph timer gives the GPU time of short kernels; the skinny-linear sweep runs on it and every variant is correct."
+    from litellama.kernels import autotune, linear
+    x = torch.randn(4096, 4096, device="cuda")
+    assert 0 < autotune.graph_ms(lambda: x * 2) < 1
+    rows = linear.sweep(shapes=((4096, 1024),), ms=(1, 4), configs=[dict(BLOCK_N=8), dict(USE_DOT=True, BLOCK_N=32, BLOCK_K=128)])
+    assert rows and all(r["ok"] and r["ms"] > 0 for r in rows)

@@ -6,7 +6,7 @@ Docs: https://litellama.github.io/litellama/kernels_nb/autotune.html.md"""
 
 # %% auto #0
 __all__ = ['device_name', 'MODEL', 'OPS', 'TOL', 'num_sms', 'shape_bucket', 'rows_per_program', 'cache_path', 'load', 'clear',
-           'lookup', 'save', 'forcing', 'median_ms', 'tune', 'tune_cli']
+           'lookup', 'save', 'forcing', 'median_ms', 'graph_ms', 'tune', 'tune_cli']
 
 # %% ../../kernels_nb/08_autotune.ipynb #1855dbc1
 import contextlib, functools, json, os, re, tempfile, warnings
@@ -240,6 +240,22 @@ def median_ms(fn, warmup: int = 25, rep: int = 100) -> float:
     import triton.testing
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
+def graph_ms(fn, calls: int = 20, replays: int = 5) -> float:
+    "Milliseconds per call of `fn()`, `calls` calls recorded in one CUDA graph, median over `replays` replays: the GPU time of kernels too short for `median_ms`, whose host-side launch would be timed instead."
+    stream = torch.cuda.Stream(); stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2): fn()                      # compile and allocate outside the graph
+    torch.cuda.current_stream().wait_stream(stream); torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls): fn()
+    g.replay(); torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); g.replay(); b.record(); b.synchronize(); times.append(a.elapsed_time(b) / calls)
+    return sorted(times)[len(times) // 2]
+
 def _do_bench(fn): return median_ms(fn, warmup=10, rep=50)
 
 def _correct(fn, ref, tol) -> bool:
@@ -279,7 +295,7 @@ def tune(ops=None, device="cuda", quick=False, *, dtype=None, model=None, tokens
         if log: log(f"saved {sum(map(len, found.values()))} entries for {name} to {path}")
     return found
 
-# %% ../../kernels_nb/08_autotune.ipynb #865c59d2
+# %% ../../kernels_nb/08_autotune.ipynb #2cdba9fe
 def tune_cli(args) -> int:
     "Run `tune` for `litellama tune`: `args.ops` (list or None), `args.quick` (bool); returns an exit status."
     if not torch.cuda.is_available():

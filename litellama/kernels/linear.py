@@ -179,7 +179,7 @@ CONFIGS = ([dict(USE_DOT=False, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages
 
 def sweep(device="cuda", shapes=SHAPES, ms=(1, 2, 4, 8, 16), configs=None, dtype=torch.bfloat16, timer=None) -> list[dict]:
     "Time the rule, each of `configs` (default `CONFIGS`), `F.linear` and `torch.mv`; rows as `benchmark`'s plus config and ok."
-    timer = timer or (lambda fn: autotune.median_ms(fn, warmup=5, rep=20))
+    timer = timer or autotune.graph_ms
     dev, e, rows = torch.device(device), torch.finfo(dtype).bits // 8, []
     d = DEFAULTS["cuda" if dev.type == "cuda" else "interpret"]
     for N, K in shapes:
