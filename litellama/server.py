@@ -296,6 +296,27 @@ def _finish(reason): return {"stop": "stop", "length": "length"}.get(reason, rea
 
 def _sse(obj) -> str: return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+async def _outputs(first, it):
+    "A request's outputs: the one already awaited (if any), then the rest."
+    if first is not None: yield first
+    async for x in it: yield x
+
+def _event_stream(st, req, cid, created, obj, chunks, it, usage):
+    """Server-sent events for a streamed request: every choice list `chunks(chunk)` yields, wrapped in the `obj`
+    envelope by `chunk`, then the usage chunk if asked, then `[DONE]`; an error after the headers is reported in-band."""
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    chunk = lambda choices: {"id": cid, "object": obj, "created": created, "model": st.model_name,
+                             "choices": choices, **({"usage": None} if include_usage else {})}
+    async def stream():
+        try:
+            async for choices in chunks(): yield _sse(chunk(choices))
+            if include_usage: yield _sse({**chunk([]), "usage": usage()})
+        except Exception as e:            # headers are gone: report in-band, as OpenAI does
+            yield _sse((e if isinstance(e, APIError) else APIError(f"{type(e).__name__}: {e}", 500, "server_error")).body())
+        finally: await it.aclose()
+        yield "data: [DONE]\n\n"
+    return stream()
+
 # %% ../nbs/15_server.ipynb #ee520fb7
 async def _collect(items, key):
     "Concatenate a request's streamed outputs per choice `key(prompt_index, out)`: text, token ids, logprobs, finish reasons."
@@ -323,12 +344,8 @@ async def completions(st, req):
     lp = lambda out, off=0: (completion_logprobs(eng.tokenizer, out.token_ids, out.logprobs or [], req.logprobs, off)
                              if req.logprobs is not None else None)
 
-    async def items():
-        if first is not None: yield first
-        async for x in it: yield x
-
     if not req.stream:
-        text, toks, lps, reasons = await _collect(items(), lambda i, out: i * n + out.index)
+        text, toks, lps, reasons = await _collect(_outputs(first, it), lambda i, out: i * n + out.index)
         choices = []
         for k in range(len(prompts) * n):
             l = completion_logprobs(eng.tokenizer, toks.get(k, []), lps.get(k, []), req.logprobs) if req.logprobs is not None else None
@@ -337,27 +354,17 @@ async def completions(st, req):
         return {"id": cid, "object": "text_completion", "created": created, "model": st.model_name,
                 "choices": choices, "usage": usage()}
 
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    async def stream():
-        chunk = lambda choices: {"id": cid, "object": "text_completion", "created": created, "model": st.model_name,
-                                 "choices": choices, **({"usage": None} if include_usage else {})}
+    async def chunks():
         offsets = {}
-        try:
-            if req.echo:
-                for k in range(len(prompts) * n):
-                    yield _sse(chunk([{"index": k, "text": head(k // n), "logprobs": None, "finish_reason": None}]))
-            async for i, out in items():
-                k = i * n + out.index
-                if not (out.delta or out.token_ids or out.finished): continue
-                l = lp(out, offsets.get(k, 0)); offsets[k] = offsets.get(k, 0) + len(out.delta)
-                yield _sse(chunk([{"index": k, "text": out.delta, "logprobs": l,
-                                   "finish_reason": _finish(out.finish_reason) if out.finished else None}]))
-            if include_usage: yield _sse({**chunk([]), "usage": usage()})
-        except Exception as e:            # headers are gone: report in-band, as OpenAI does
-            yield _sse((e if isinstance(e, APIError) else APIError(f"{type(e).__name__}: {e}", 500, "server_error")).body())
-        finally: await it.aclose()
-        yield "data: [DONE]\n\n"
-    return stream()
+        if req.echo:
+            for k in range(len(prompts) * n):
+                yield [{"index": k, "text": head(k // n), "logprobs": None, "finish_reason": None}]
+        async for i, out in _outputs(first, it):
+            k = i * n + out.index
+            if not (out.delta or out.token_ids or out.finished): continue
+            l = lp(out, offsets.get(k, 0)); offsets[k] = offsets.get(k, 0) + len(out.delta)
+            yield [{"index": k, "text": out.delta, "logprobs": l, "finish_reason": _finish(out.finish_reason) if out.finished else None}]
+    return _event_stream(st, req, cid, created, "text_completion", chunks, it, usage)
 
 # %% ../nbs/15_server.ipynb #6966a44a
 async def chat_completions(st, req):
@@ -374,37 +381,24 @@ async def chat_completions(st, req):
     cid, created, n = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), params.n
     usage = lambda: _usage(len(ids), run.num_out)
 
-    async def items():
-        if first is not None: yield first
-        async for x in it: yield x
-
     if not req.stream:
-        text, toks, lps, reasons = await _collect(items(), lambda i, out: out.index)
+        text, toks, lps, reasons = await _collect(_outputs(first, it), lambda i, out: out.index)
         choices = [{"index": k, "message": {"role": "assistant", "content": text.get(k, "")},
                     "logprobs": {"content": chat_logprobs(eng.tokenizer, toks.get(k, []), lps.get(k, []), nlp)} if req.logprobs else None,
                     "finish_reason": _finish(reasons.get(k))} for k in range(n)]
         return {"id": cid, "object": "chat.completion", "created": created, "model": st.model_name,
                 "choices": choices, "usage": usage()}
 
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    async def stream():
-        chunk = lambda choices: {"id": cid, "object": "chat.completion.chunk", "created": created, "model": st.model_name,
-                                 "choices": choices, **({"usage": None} if include_usage else {})}
-        try:
-            for k in range(n):
-                yield _sse(chunk([{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]))
-            async for _, out in items():
-                if not (out.delta or out.token_ids or out.finished): continue
-                l = {"content": chat_logprobs(eng.tokenizer, out.token_ids, out.logprobs or [], nlp)} if req.logprobs else None
-                delta = {"content": out.delta} if out.delta or not out.finished else {}
-                yield _sse(chunk([{"index": out.index, "delta": delta, "logprobs": l,
-                                   "finish_reason": _finish(out.finish_reason) if out.finished else None}]))
-            if include_usage: yield _sse({**chunk([]), "usage": usage()})
-        except Exception as e:            # headers are gone: report in-band, as OpenAI does
-            yield _sse((e if isinstance(e, APIError) else APIError(f"{type(e).__name__}: {e}", 500, "server_error")).body())
-        finally: await it.aclose()
-        yield "data: [DONE]\n\n"
-    return stream()
+    async def chunks():
+        for k in range(n):
+            yield [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+        async for _, out in _outputs(first, it):
+            if not (out.delta or out.token_ids or out.finished): continue
+            l = {"content": chat_logprobs(eng.tokenizer, out.token_ids, out.logprobs or [], nlp)} if req.logprobs else None
+            delta = {"content": out.delta} if out.delta or not out.finished else {}
+            yield [{"index": out.index, "delta": delta, "logprobs": l,
+                    "finish_reason": _finish(out.finish_reason) if out.finished else None}]
+    return _event_stream(st, req, cid, created, "chat.completion.chunk", chunks, it, usage)
 
 # %% ../nbs/15_server.ipynb #a6bc5f6b
 def _error_response(e: APIError):
