@@ -27,7 +27,7 @@ class AttentionMetadata:
     num_prefills: int = 0           # the first `num_prefills` sequences prefill, the rest decode one token
     num_prefill_tokens: int = 0
     max_seqlen_q: int = 0           # longest prefill chunk
-    max_seq_len: int = 0            # longest sequence
+    decode_splits: tuple | None = None  # the decodes' attention plan: ([pieces, 3], [decodes + 1]) int64, see below
 
 @dataclass
 class ModelInput:
@@ -39,41 +39,40 @@ class ModelInput:
     inputs_embeds: torch.Tensor | None = None   # [T, hidden], replaces the token embedding (image features)
 
 # %% ../nbs/03_attention.ipynb #3127d596
-def build_model_input(chunks, block_size: int, device="cpu", logits_for=None) -> ModelInput:
+def build_model_input(chunks, block_size: int, device="cpu", logits_for=None, plan_decode=None) -> ModelInput:
     """`chunks`: one `(token_ids, start, block_table)` per sequence, prefills first; the sequence's tokens
     `start..start+len(token_ids)` are new this step. A 1-token chunk after a prefix counts as a decode.
-    `logits_for`: per sequence, whether its last token needs logits (default: all)."""
-    B, cu, lens, num_prefills = len(chunks), [0], [], 0
-    for toks, start, _ in chunks:
-        if not (len(toks) == 1 and start > 0):
-            assert num_prefills == len(lens), "prefill chunks must come before decodes"
-            num_prefills += 1; cu.append(cu[-1] + len(toks))
-        lens.append(start + len(toks))
-    T = sum(len(t) for t, _, _ in chunks)
-    width = max([len(t) for _, _, t in chunks] + [1])
-    last = list(itertools.accumulate(len(t) for t, _, _ in chunks))
-    if logits_for is not None: last = [x for x, keep in zip(last, logits_for) if keep]
+    `logits_for`: per sequence, whether its last token needs logits (default: all).
+    `plan_decode`: maps the decodes' lengths to their attention plan, `(rows, cu_splits)` numpy arrays."""
+    B = len(chunks)
+    n_new = np.fromiter((len(t) for t, _, _ in chunks), np.int64, B)
+    starts = np.fromiter((s for _, s, _ in chunks), np.int64, B)
+    n_table = np.fromiter((len(t) for _, _, t in chunks), np.int64, B)
+    decode = (n_new == 1) & (starts > 0)
+    num_prefills = int(np.argmax(decode)) if decode.any() else B
+    assert decode[num_prefills:].all(), "prefill chunks must come before decodes"
+    lens, T, width = starts + n_new, int(n_new.sum()), max(int(n_table.max(initial=0)), 1)
+    cu_all = np.concatenate([[0], np.cumsum(n_new)])
+    last = cu_all[1:] if logits_for is None else cu_all[1:][np.asarray(logits_for, dtype=bool)]
+    plan = plan_decode(lens[num_prefills:].tolist()) if plan_decode is not None and num_prefills < B else (np.zeros((0, 3)), [])
     # everything in one int64 host buffer, moved to the device with a single copy
-    sizes = [T, T, T, B, len(cu), len(last), B * width]
+    sizes = [T, T, T, B, num_prefills + 1, len(last), B * width, plan[0].size, len(plan[1])]
     buf = np.zeros(sum(sizes), dtype=np.int64)
-    ids, pos, slots, seq_lens, cu_q, logits_idx, tables = np.split(buf, np.cumsum(sizes)[:-1])
-    t = 0
-    for i, (toks, start, table) in enumerate(chunks):
-        n = len(toks)
-        if n == 1:                                    # decodes: plain Python is cheapest for one token
-            ids[t], pos[t], slots[t] = toks[0], start, table[start // block_size] * block_size + start % block_size
-        else:
-            p = np.arange(start, start + n)
-            ids[t:t + n], pos[t:t + n] = toks, p
-            slots[t:t + n] = np.asarray(table, dtype=np.int64)[p // block_size] * block_size + p % block_size
-        tables[i * width:i * width + len(table)] = table
-        t += n
-    seq_lens[:], cu_q[:], logits_idx[:] = lens, cu, [x - 1 for x in last]
+    ids, pos, slots, seq_lens, cu_q, logits_idx, tables, split_rows, cu_splits = np.split(buf, np.cumsum(sizes)[:-1])
+    tables = tables.reshape(B, width)
+    if B: tables[np.arange(width) < n_table[:, None]] = np.concatenate([np.asarray(t, dtype=np.int64) for _, _, t in chunks])
+    ids[:] = np.fromiter(itertools.chain.from_iterable(t for t, _, _ in chunks), np.int64, T)
+    row = np.repeat(np.arange(B), n_new)                  # the sequence of each new token
+    pos[:] = np.arange(T) - cu_all[row] + starts[row]
+    slots[:] = tables[row, pos // block_size] * block_size + pos % block_size
+    seq_lens[:], cu_q[:], logits_idx[:] = lens, cu_all[:num_prefills + 1], last - 1
+    split_rows[:], cu_splits[:] = plan[0].reshape(-1), plan[1]
     buf = torch.from_numpy(buf)
     if torch.device(device).type != "cpu": buf = buf.pin_memory().to(device, non_blocking=True)
     parts = buf.split(sizes)
+    splits = (parts[7].view(-1, 3), parts[8]) if len(plan[1]) else None
     attn = AttentionMetadata(parts[2], parts[3].to(torch.int32), parts[6].view(B, width).to(torch.int32), parts[4].to(torch.int32),
-                             num_prefills, cu[-1], max([c - p for p, c in zip(cu, cu[1:])] + [0]), max(lens + [0]))
+                             num_prefills, int(cu_all[num_prefills]), int(n_new[:num_prefills].max(initial=0)), splits)
     return ModelInput(parts[0], parts[1], attn, parts[5])
 
 # %% ../nbs/03_attention.ipynb #091651d5
@@ -92,12 +91,12 @@ class PagedAttention(nn.Module):
                                          attn.block_tables, self.scale, max_seqlen_q=attn.max_seqlen_q)
         if P == 0:
             return ops.decode_attention(q, self.k_cache, self.v_cache, attn.seq_lens, attn.block_tables,
-                                        self.scale, max_seq_len=attn.max_seq_len)
+                                        self.scale, splits=attn.decode_splits)
         out = torch.empty_like(q)
         out[:P] = ops.prefill_attention(q[:P], self.k_cache, self.v_cache, attn.cu_seqlens_q, attn.seq_lens[:npf],
                                         attn.block_tables[:npf], self.scale, max_seqlen_q=attn.max_seqlen_q)
         out[P:] = ops.decode_attention(q[P:], self.k_cache, self.v_cache, attn.seq_lens[npf:],
-                                       attn.block_tables[npf:], self.scale, max_seq_len=attn.max_seq_len)
+                                       attn.block_tables[npf:], self.scale, splits=attn.decode_splits)
         return out
 
 # %% ../nbs/03_attention.ipynb #ea8be2c6

@@ -7,7 +7,7 @@ Docs: https://litellama.github.io/litellama/benchmarks_nb/bench.html.md"""
 # %% auto #0
 __all__ = ['RESULTS', 'W1_ROWS', 'environment', 'save_results', 'hf_generate', 'ours_generate', 'cpu_vs_hf', 'random_prompts',
            'workload1', 'workload2', 'workload3', 'copy_bandwidth_gbps', 'kernel_suite', 'gpu_suite', 'forward_ms',
-           'profile_decode', 'serving_suite']
+           'workload2_timeline', 'profile_decode', 'serving_suite']
 
 # %% ../benchmarks_nb/00_bench.ipynb #4b6f7bb5
 import json, os, platform, random, subprocess, time
@@ -153,13 +153,17 @@ def kernel_suite() -> list:
     "Every Triton kernel module's `benchmark()` rows."
     import importlib
     rows = []
+    from litellama.kernels.autotune import graph_ms
     for mod in ("rmsnorm", "rope", "activation", "kv_store", "prefill_attention", "decode_attention", "gumbel"):
-        try: rows += importlib.import_module(f"litellama.kernels.{mod}").benchmark()
+        kw = {"timer": graph_ms} if mod in ("decode_attention", "gumbel") else {}  # short calls: time them in CUDA graphs
+        try: rows += importlib.import_module(f"litellama.kernels.{mod}").benchmark(**kw)
         except Exception as e: rows.append(dict(op=mod, error=f"{type(e).__name__}: {e}")); print(mod, "failed:", e, flush=True)
     return rows
 
-def gpu_suite(out_dir, like="qwen3-0.6b", parts=("kernels", "w1", "w2", "w3"), workdir="/tmp/litellama-bench"):
-    "Run the GPU benchmarks and write each part's JSON into `out_dir`."
+def gpu_suite(out_dir, like="qwen3-0.6b", parts=("kernels", "w1", "w2", "w3"), workdir="/tmp/litellama-bench",
+              kv_cache_dtype="auto"):
+    """Run the GPU benchmarks and write each part's JSON into `out_dir`; with an fp8 KV cache the files are
+    named `*_fp8kv.json`."""
     import transformers
     from litellama.checkpoints import make_random_checkpoint
     from litellama.llm import LLM
@@ -168,22 +172,26 @@ def gpu_suite(out_dir, like="qwen3-0.6b", parts=("kernels", "w1", "w2", "w3"), w
         save_results("kernels", dict(copy_gbps=copy_bandwidth_gbps(), rows=kernel_suite()), out_dir)
     path = Path(workdir) / like
     if not (path / "config.json").exists(): make_random_checkpoint(like, path, dtype=torch.bfloat16)
-    llm = LLM(path, dtype="bfloat16", device="cuda")
-    info = dict(model=f"random {like} (bf16)", kv_capacity_tokens=llm.engine.runner.capacity_tokens)
+    llm = LLM(path, dtype="bfloat16", device="cuda", kv_cache_dtype=kv_cache_dtype)
+    info = dict(model=f"random {like} (bf16)", kv_cache_dtype=str(llm.engine.runner.kv_cache.dtype).replace("torch.", ""),
+                kv_capacity_tokens=llm.engine.runner.capacity_tokens)
+    sfx = "" if kv_cache_dtype == "auto" else f"_{kv_cache_dtype}kv"
     if "w1" in parts:
         hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-        save_results("gpu_vs_hf", dict(info, workload1=workload1(llm, hf)), out_dir)
+        save_results("gpu_vs_hf" + sfx, dict(info, workload1=workload1(llm, hf)), out_dir)
         del hf; torch.cuda.empty_cache()
-    if "w3" in parts: save_results("latency", dict(info, workload3=workload3(llm)), out_dir)
-    if "w2" in parts: save_results("throughput", dict(info, workload2=workload2(llm)), out_dir)
-    if "profile" in parts: save_results("profile", dict(info, profiles=[profile_decode(llm, b) for b in (1, 64, 256)]), out_dir)
+    if "w3" in parts: save_results("latency" + sfx, dict(info, workload3=workload3(llm)), out_dir)
+    if "w2" in parts: save_results("throughput" + sfx, dict(info, workload2=workload2(llm)), out_dir)
+    if "profile" in parts: save_results("profile" + sfx, dict(info, profiles=[profile_decode(llm, b) for b in (1, 64, 256)]), out_dir)
+    if "timeline" in parts: save_results("w2_timeline" + sfx, dict(info, **workload2_timeline(llm)), out_dir)
 
 # %% ../benchmarks_nb/00_bench.ipynb #16ad46e9
 def forward_ms(llm, batch: int, context: int, reps: int = 20) -> float:
     "Milliseconds of one decode forward alone (the CUDA graph when there is one) at `batch` sequences of `context` tokens."
     from litellama.attention import build_model_input
     runner = llm.engine.runner
-    mi = build_model_input([([0], context - 1, [0] * -(-context // runner.block_size))] * batch, runner.block_size, runner.device)
+    mi = build_model_input([([0], context - 1, [0] * -(-context // runner.block_size))] * batch, runner.block_size, runner.device,
+                           plan_decode=runner._plan_decode)
     mi.attn.slot_mapping.fill_(-1)                      # reads block 0 everywhere, stores nothing
     graphs = getattr(runner, "graphs", None) and batch <= runner.graph_sizes[-1]
     fn = (lambda: runner._replay(mi)) if graphs else (lambda: runner.model(mi))
@@ -198,6 +206,39 @@ def forward_ms(llm, batch: int, context: int, reps: int = 20) -> float:
         for _ in range(reps): fn()
         b.record(); b.synchronize()
         return a.elapsed_time(b) / reps
+
+def workload2_timeline(llm, num_requests=256, seed=1) -> dict:
+    """Workload 2 step by step (other prompts than `workload2`'s, so nothing is in the prefix cache): each step's wall
+    time, how long the host waited in it for the GPU, and its sequences. A step that waits for nothing was host-bound."""
+    from litellama.sampling import SamplingParams
+    eng, waited = llm.engine, [0.0]
+    random.seed(seed)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(num_requests)]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(100, 1024)) for _ in range(num_requests)]
+    llm.generate(["warm-up"], SamplingParams(max_tokens=8), use_tqdm=False)
+    sync = torch.cuda.Event.synchronize
+    def timed(event):
+        t = time.perf_counter(); sync(event); waited[0] += time.perf_counter() - t
+    torch.cuda.Event.synchronize = timed                # the engine's one wait: reading a step's tokens back
+    try:
+        for p, sp in zip(prompts, params): eng.add_request(p, sp, stream=False)
+        steps = []
+        _sync(); t0 = time.perf_counter()
+        while eng.has_unfinished_requests():
+            running = len(eng.scheduler.running)
+            waited[0], t = 0.0, time.perf_counter()
+            eng.step()
+            steps.append(dict(ms=(time.perf_counter() - t) * 1e3, wait_ms=waited[0] * 1e3, seqs=running))
+        _sync(); seconds = time.perf_counter() - t0
+    finally: torch.cuda.Event.synchronize = sync
+    by = {}
+    for st in steps: by.setdefault(1 << max(st["seqs"] - 1, 0).bit_length(), []).append(st)
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    summary = dict(seconds=seconds, tok_s=sum(p.max_tokens for p in params) / seconds, steps=len(steps),
+                   wait_s=sum(st["wait_ms"] for st in steps) / 1e3,
+                   by_batch=[dict(up_to=b, steps=len(v), step_ms=med([x["ms"] for x in v]), wait_ms=med([x["wait_ms"] for x in v]))
+                             for b, v in sorted(by.items())])
+    return dict(summary=summary, steps=steps)
 
 def profile_decode(llm, batch=64, prompt=128, steps=64, top=15) -> dict:
     "Per decode step at `batch`: wall time of `step()`, the forward alone, and the top host functions by own time (cProfile)."

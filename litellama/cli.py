@@ -22,6 +22,7 @@ def _engine_args(p):
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: every step runs eagerly")
     p.add_argument("--no-overlap", action="store_true", help="read each step back before scheduling the next (no overlapped steps)")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="fp8: half the cache bytes of bf16 (default: the model's dtype)")
 
 def _engine_options(a) -> dict:
     opts = {k: getattr(a, k) for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len")
@@ -29,6 +30,7 @@ def _engine_options(a) -> dict:
     if a.no_prefix_caching: opts["enable_prefix_caching"] = False
     if a.enforce_eager: opts["enforce_eager"] = True
     if a.no_overlap: opts["async_scheduling"] = False
+    if a.kv_cache_dtype != "auto": opts["kv_cache_dtype"] = a.kv_cache_dtype
     return opts
 
 def _sampling_args(p, max_tokens=256):
@@ -148,7 +150,7 @@ def cmd_bench(a):
     from litellama import bench
     out = a.out or bench.RESULTS
     if a.suite == "cpu": print(bench.save_results("cpu_vs_hf", bench.cpu_vs_hf(a.model_dir), out))
-    else: bench.gpu_suite(out, like=a.like, parts=tuple(a.parts.split(",")))
+    else: bench.gpu_suite(out, like=a.like, parts=tuple(a.parts.split(",")), kv_cache_dtype=a.kv_cache_dtype)
 
 def cmd_tune(a):
     "Search kernel launch configurations on this GPU and save them to the autotune cache."
@@ -176,7 +178,8 @@ def build_parser():
     bn = sub.add_parser("bench", help="benchmarks vs HF transformers, results saved as JSON")
     bn.add_argument("--suite", choices=["cpu", "gpu"], default="cpu"); bn.add_argument("--model-dir", default=None)
     bn.add_argument("--like", default="qwen3-0.6b"); bn.add_argument("--parts", default="kernels,w1,w3,w2")
-    bn.add_argument("--out", default=None); bn.set_defaults(fn=cmd_bench)
+    bn.add_argument("--out", default=None); bn.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
+    bn.set_defaults(fn=cmd_bench)
     t = sub.add_parser("tune", help="autotune the Triton kernels for this GPU (saved under the cache directory)")
     t.add_argument("--ops", nargs="*", default=None, help="ops to tune (default: all)"); t.add_argument("--quick", action="store_true")
     t.set_defaults(fn=cmd_tune)

@@ -13,8 +13,9 @@ from .kv_cache import Sequence
 # %% ../nbs/10_detokenizer.ipynb #b25d6966
 class IncrementalDetokenizer:
     "Text of a sequence's output tokens, produced as deltas; holds back what a stop string may still claim."
-    def __init__(self, tokenizer, prompt_ids, stop=(), skip_special_tokens=True):
+    def __init__(self, tokenizer, prompt_ids, stop=(), skip_special_tokens=True, lazy=False):
         self.tok, self.stop, self.skip = tokenizer, list(stop), skip_special_tokens
+        self.lazy = lazy and not self.stop       # no deltas wanted, no stop strings: decode once, when finished
         self._longest_stop = max((len(s) for s in self.stop), default=0)
         ctx = list(prompt_ids[-6:])
         self.ids, self.prefix, self.read = ctx, max(len(ctx) - 1, 0), len(ctx)
@@ -33,9 +34,20 @@ class IncrementalDetokenizer:
         if self._fast is not None: return self._fast(ids, skip_special_tokens=self.skip)
         return self.tok.decode(ids, skip_special_tokens=self.skip)
 
+    def _decode_held(self):
+        "Lazy: the text of all held tokens in one window; token by token instead where a character is cut (`�`)."
+        self.lazy = False
+        before, whole = self._decode(self.ids[self.prefix:self.read]), self._decode(self.ids[self.prefix:])
+        if "\ufffd" not in whole and "\ufffd" not in before:
+            self.text, self.prefix, self.read = whole[len(before):], len(self.ids), len(self.ids)
+        else:
+            held = self.ids[self.read:]; del self.ids[self.read:]
+            for t in held: self.add_token(t)
+
     def add_token(self, token_id: int) -> bool:
         "Append one generated token; returns True when a stop string has been found (text is cut before it)."
         self.ids.append(token_id)
+        if self.lazy: return False
         if self._stream is not None: piece = self._stream.step(self._backend, token_id)
         else:
             before = self._decode(self.ids[self.prefix:self.read])
@@ -53,6 +65,9 @@ class IncrementalDetokenizer:
 
     def take_delta(self, finished: bool) -> str:
         "New text since the last call; while unfinished, keeps back a tail that could begin a stop string."
+        if self.lazy:
+            if not finished: return ""
+            self._decode_held()
         if finished and not self.stopped and self.read < len(self.ids):   # flush bytes that never completed a character
             self.text += self._decode(self.ids[self.prefix:])[len(self._decode(self.ids[self.prefix:self.read])):]
             self.prefix = self.read = len(self.ids)

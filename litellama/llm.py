@@ -46,7 +46,7 @@ class LLM:
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts): raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         ids = [self.engine.tokenize(p) for p in prompts]
-        rids = [self.engine.add_request(t, sp) for t, sp in zip(ids, plist)]
+        rids = [self.engine.add_request(t, sp, stream=False) for t, sp in zip(ids, plist)]  # text once, at the end
         results = {rid: RequestOutput(rid, p, t, [CompletionOutput(i) for i in range(sp.n)]) for rid, p, t, sp in zip(rids, prompts, ids, plist)}
         bar = tqdm(total=len(rids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
         t0, ntok = time.perf_counter(), 0

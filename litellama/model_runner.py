@@ -9,8 +9,10 @@ __all__ = ['kv_bytes_per_token', 'ModelRunner']
 
 # %% ../nbs/11_model_runner.ipynb #6a9aa86a
 import warnings
+import numpy as np
 import torch
 from .attention import AttentionMetadata, ModelInput, build_model_input
+from .kernels.decode_attention import SplitPlanner
 from .scheduler import SchedulerOutput
 
 # %% ../nbs/11_model_runner.ipynb #cd3857a0
@@ -23,23 +25,27 @@ def kv_bytes_per_token(config, dtype) -> int:
 class ModelRunner:
     "Runs `model` over a paged KV cache of `num_blocks` blocks on `device`."
     def __init__(self, model, config, block_size: int, num_blocks: int | None, device, dtype,
-                 max_num_batched_tokens: int, kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9):
+                 max_num_batched_tokens: int, kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9,
+                 kv_cache_dtype: torch.dtype | None = None):
         self.model, self.config, self.block_size, self.device, self.dtype = model, config, block_size, torch.device(device), dtype
+        self.kv_cache_dtype = kv_cache_dtype or dtype
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        per_block = kv_bytes_per_token(config, dtype) * block_size
+        self.split_planner = SplitPlanner(config.num_key_value_heads, self.head_dim, dtype, self.device, self.kv_cache_dtype)
+        self._tables = {}                                    # seq_id -> (its block_table list, that list as an array)
+        per_block = kv_bytes_per_token(config, self.kv_cache_dtype) * block_size
         if num_blocks is None:
             if kv_cache_memory is None: kv_cache_memory = self._profile_free_memory(max_num_batched_tokens, gpu_memory_utilization)
             num_blocks = int(kv_cache_memory // per_block)
         if num_blocks < 1: raise ValueError("no memory left for the KV cache: lower max_num_batched_tokens or raise the memory budget")
         self.num_blocks = num_blocks
         self.kv_cache = torch.zeros(config.num_hidden_layers, 2, num_blocks, block_size, config.num_key_value_heads,
-                                    self.head_dim, dtype=dtype, device=self.device)
+                                    self.head_dim, dtype=self.kv_cache_dtype, device=self.device)
         model.bind_kv_cache(self.kv_cache)
         if self.device.type == "cuda": self.warm_up(max_num_batched_tokens)
 
     @torch.inference_mode()
     def warm_up(self, max_num_batched_tokens: int):
-        "Run one eager forward per token-count bucket, and decode steps of one and of many splits, storing nothing."
+        "Run one eager forward per token-count bucket, a long-context decode, a wide decode batch and a mixed step, storing nothing."
         bs, n, L = self.block_size, max(1, max_num_batched_tokens), self.config.max_position_embeddings
         table = lambda tokens: [0] * -(-tokens // bs)
         steps = [self._prompts(t) for t in sorted({min(2 ** i + 1, n) for i in range(n.bit_length() + 1)} | {1, n})]
@@ -61,7 +67,7 @@ class ModelRunner:
         if self.device.type != "cuda": return 1 << 30
         torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(self.device)
         probe = torch.zeros(self.config.num_hidden_layers, 2, 1, self.block_size, self.config.num_key_value_heads,
-                            self.head_dim, dtype=self.dtype, device=self.device)
+                            self.head_dim, dtype=self.kv_cache_dtype, device=self.device)
         self.model.bind_kv_cache(probe)
         mi = build_model_input(self._prompts(max(1, max_tokens)), self.block_size, self.device)
         mi.attn.slot_mapping.fill_(-1)                       # the probe cache has one block: store nothing
@@ -76,10 +82,26 @@ class ModelRunner:
 
     def prepare(self, plan: SchedulerOutput) -> ModelInput:
         "The `ModelInput` of `plan`; logits only for sequences whose scheduled tokens reach their end."
-        chunks = [(seq.token_ids[seq.num_computed_tokens:seq.num_computed_tokens + n], seq.num_computed_tokens, seq.block_table)
+        chunks = [(seq.token_ids[seq.num_computed_tokens:seq.num_computed_tokens + n], seq.num_computed_tokens, self._block_table(seq))
                   for seq, n in plan.scheduled]
+        if len(self._tables) > 2 * len(chunks) + 256:          # forget sequences that left
+            live = {seq.seq_id for seq, _ in plan.scheduled}
+            self._tables = {k: v for k, v in self._tables.items() if k in live}
         done = [seq.num_computed_tokens + n == seq.num_tokens for seq, n in plan.scheduled]
-        return build_model_input(chunks, self.block_size, self.device, logits_for=done)
+        return build_model_input(chunks, self.block_size, self.device, logits_for=done, plan_decode=self._plan_decode)
+
+    def _block_table(self, seq):
+        "`seq`'s block table as an array, converted again only when it grew or was replaced (after a preemption)."
+        held = self._tables.get(seq.seq_id)
+        if held is None or held[0] is not seq.block_table or len(held[1]) != len(seq.block_table):
+            self._tables[seq.seq_id] = held = (seq.block_table, np.asarray(seq.block_table, dtype=np.int64))
+        return held[1]
+
+    def _plan_decode(self, seq_lens: list):
+        "The decodes' attention plan; padded to the CUDA graph that will run it, if one will."
+        sizes = getattr(self, "graph_sizes", None) if getattr(self, "graphs", None) else None
+        pad = next((b for b in sizes if b >= len(seq_lens)), None) if sizes else None
+        return self.split_planner(seq_lens, pad_to_batch=pad)
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput, prev_token_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,7 +127,9 @@ class ModelRunner:
         n, width, dev = sizes[-1], -(-max_model_len // self.block_size), self.device
         self.static = dict(input_ids=torch.zeros(n, dtype=torch.int64, device=dev), positions=torch.zeros(n, dtype=torch.int64, device=dev),
                            slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=dev), seq_lens=torch.zeros(n, dtype=torch.int32, device=dev),
-                           block_tables=torch.zeros(n, width, dtype=torch.int32, device=dev), logits_indices=torch.arange(n, device=dev))
+                           block_tables=torch.zeros(n, width, dtype=torch.int32, device=dev), logits_indices=torch.arange(n, device=dev),
+                           split_rows=torch.full((self.split_planner.capacity(n), 3), -1, dtype=torch.int64, device=dev),
+                           cu_splits=torch.zeros(n + 1, dtype=torch.int64, device=dev))
         self.graph_sizes, self.graphs, self.max_model_len, pool = sizes, {}, max_model_len, None
         for bs in reversed(sizes):
             mi = self._static_input(bs)
@@ -118,8 +142,9 @@ class ModelRunner:
 
     def _static_input(self, bs: int) -> ModelInput:
         s = self.static
+        splits = (s["split_rows"][:self.split_planner.capacity(bs)], s["cu_splits"][:bs + 1])
         attn = AttentionMetadata(s["slot_mapping"][:bs], s["seq_lens"][:bs], s["block_tables"][:bs],
-                                 torch.zeros(1, dtype=torch.int32, device=self.device), 0, 0, 0, self.max_model_len)
+                                 torch.zeros(1, dtype=torch.int32, device=self.device), 0, 0, 0, splits)
         return ModelInput(s["input_ids"][:bs], s["positions"][:bs], attn, s["logits_indices"][:bs])
 
     def _replay(self, mi: ModelInput) -> torch.Tensor:
@@ -131,6 +156,8 @@ class ModelRunner:
         s["slot_mapping"][:n].copy_(mi.attn.slot_mapping); s["slot_mapping"][n:bs].fill_(-1)
         s["seq_lens"][:n].copy_(mi.attn.seq_lens); s["seq_lens"][n:bs].fill_(0)
         s["block_tables"][:n, :w].copy_(mi.attn.block_tables)
+        rows, cu = mi.attn.decode_splits                 # planned for this graph: padded to its rows and batch
+        s["split_rows"][:len(rows)].copy_(rows); s["cu_splits"][:len(cu)].copy_(cu)
         g, out = self.graphs[bs]
         g.replay()
         return out[:n]

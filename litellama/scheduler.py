@@ -45,9 +45,12 @@ class Scheduler:
         out, budget = SchedulerOutput(), self.max_num_batched_tokens
         # 1. running sequences, oldest first: each gets the tokens it is missing
         i = 0
+        bs = self.bm.block_size
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n == 1 and seq.num_computed_tokens < len(seq.block_table) * bs:   # a decode whose slot is allocated
+                out.scheduled.append((seq, 1)); budget -= 1; i += 1; continue
             victim = None
             while victim is not seq and not self.bm.can_allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]                     # the newest goes first
@@ -75,9 +78,10 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput):
         "After the forward: the scheduled tokens are computed; register the blocks they completed."
+        bs = self.bm.block_size
         for seq, n in out.scheduled:
             seq.num_computed_tokens += n
-            self.bm.cache_full_blocks(seq)
+            if seq.num_computed_tokens // bs > seq.num_cached_blocks: self.bm.cache_full_blocks(seq)  # a block filled up
 
     def finish(self, seq: Sequence):
         "Remove a finished or aborted sequence and free its blocks."

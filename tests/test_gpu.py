@@ -1,6 +1,7 @@
 "GPU checks: every Triton kernel against the PyTorch reference in bf16 and fp16, and whole models on Triton ops."
 import os, random, tempfile
 from pathlib import Path
+import numpy as np
 import pytest, torch
 from litellama.kernels import reference as ref
 
@@ -67,6 +68,34 @@ def test_decode_attention(dtype, Hq, Hk, D):
     sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
     assert rel_err(da.decode_attention(q, kc, vc, sl, bt, D ** -0.5), ref.decode_attention(q, kc, vc, sl, bt, D ** -0.5)) < 2e-2
 
+@pytest.mark.parametrize("dtype", DT)
+def test_decode_attention_plans(dtype):
+    "Ragged batch of 200: the planner's pieces, whole sequences, a padded plan, and a graph replayed with a new plan."
+    from litellama.kernels import decode_attention as da
+    g = np.random.default_rng(1)
+    lens = g.integers(1, 3000, 200).tolist()
+    kc, vc, bt = paged(lens, 8, 128, dtype)
+    q = torch.randn(200, 16, 128, device="cuda", dtype=dtype)
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    want = ref.decode_attention(q, kc, vc, sl, bt, 128 ** -0.5)
+    on_gpu = lambda plan: [torch.from_numpy(a).cuda() for a in plan]
+    planner = da.SplitPlanner(8, 128, dtype, "cuda")
+    for plan in (planner(lens), da.plan_splits(lens, 4096), planner(lens, pad_to_batch=256)):
+        assert rel_err(da.decode_attention(q, kc, vc, sl, bt, 128 ** -0.5, splits=on_gpu(plan)), want) < 2e-2
+    rows, cu = on_gpu(planner(lens, pad_to_batch=256))
+    q256, sl256 = torch.zeros(256, 16, 128, device="cuda", dtype=dtype), torch.zeros(256, dtype=torch.int32, device="cuda")
+    bt256 = torch.zeros(256, bt.shape[1], dtype=bt.dtype, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    da.decode_attention(q256, kc, vc, sl256, bt256, 128 ** -0.5, splits=(rows, cu)); torch.cuda.synchronize()
+    with torch.cuda.graph(graph): out = da.decode_attention(q256, kc, vc, sl256, bt256, 128 ** -0.5, splits=(rows, cu))
+    lens2 = [max(1, n - int(g.integers(0, n))) for n in lens]         # every sequence shorter: a new plan
+    sl2 = torch.tensor(lens2, dtype=torch.int32, device="cuda")
+    q256[:200].copy_(q); sl256[:200].copy_(sl2); bt256[:200].copy_(bt)
+    for buf, a in zip((rows, cu), planner(lens2, pad_to_batch=256)): buf.copy_(torch.from_numpy(a))
+    graph.replay(); torch.cuda.synchronize()
+    assert rel_err(out[:200], ref.decode_attention(q, kc, vc, sl2, bt, 128 ** -0.5)) < 2e-2
+    assert out[200:].abs().sum().item() == 0
+
 def _greedy(path, dtype, backend, prompts, n):
     os.environ["LITELLAMA_BACKEND"] = backend
     from litellama.kernels.registry import ops
@@ -129,6 +158,48 @@ def test_cuda_graphs_same_tokens_as_eager(tmp_path):
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, min_tokens=20), use_tqdm=False)
         res.append([o.outputs[0].token_ids for o in outs])
     assert res[0] == res[1] == res[2]
+
+@pytest.mark.parametrize("dtype", DT)
+def test_fp8_kv_cache_kernels(dtype):
+    "fp8 stores: the reference's bytes exactly, saturated; both attention kernels over an fp8 cache match the reference."
+    from litellama.kernels import kv_store, prefill_attention as pa, decode_attention as da
+    fp8 = torch.float8_e4m3fn
+    k, v = torch.randn(999, 8, 128, device="cuda").to(dtype) * 3, torch.randn(999, 8, 128, device="cuda").to(dtype) / 30
+    k[0, 0, :3] = torch.tensor([1000.0, -1000.0, 448.0])
+    slots = torch.randperm(70 * 16, device="cuda")[:999]
+    mine = [torch.zeros(70, 16, 8, 128, device="cuda", dtype=fp8) for _ in range(2)]
+    want = [c.clone() for c in mine]
+    kv_store.store_kv_cache(k, v, *mine, slots); ref.store_kv_cache(k, v, *want, slots)
+    for a, b in zip(mine, want): assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert mine[0].float().abs().max().item() == 448.0
+    seq_lens = [1, 17, 4096, 1000, 333]
+    kc, vc, bt = paged(seq_lens, 8, 128, dtype)
+    kc, vc = kc.to(fp8), vc.to(fp8)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(seq_lens), 16, 128, device="cuda", dtype=dtype)
+    assert rel_err(da.decode_attention(q, kc, vc, sl, bt, 128 ** -0.5), ref.decode_attention(q, kc.float(), vc.float(), sl, bt, 128 ** -0.5)) < 2e-2
+    q_lens = [1, 17, 300, 1000, 1]
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    qp = torch.randn(sum(q_lens), 16, 128, device="cuda", dtype=dtype)
+    assert rel_err(pa.prefill_attention(qp, kc, vc, cu, sl, bt, 128 ** -0.5), ref.prefill_attention(qp, kc.float(), vc.float(), cu, sl, bt, 128 ** -0.5)) < 2e-2
+
+def test_fp8_kv_cache_graphs_same_tokens_as_eager(tmp_path):
+    "With an fp8 cache, decode steps from CUDA graphs give the eager steps' greedy tokens; the cache holds twice the tokens."
+    from litellama.checkpoints import make_random_checkpoint
+    from litellama.llm import LLM
+    from litellama.sampling import SamplingParams
+    path = make_random_checkpoint("tiny-qwen3", tmp_path / "q", dtype=torch.bfloat16, seed=3)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 80))] for _ in range(37)]
+    res, caps = [], []
+    for eager in (True, False):
+        llm = LLM(path, dtype="bfloat16", device="cuda", kv_cache_memory=256 << 20, max_num_seqs=48, enforce_eager=eager, kv_cache_dtype="fp8")
+        assert llm.engine.runner.kv_cache.dtype == torch.float8_e4m3fn
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, min_tokens=20), use_tqdm=False)
+        res.append([o.outputs[0].token_ids for o in outs]); caps.append(llm.engine.runner.capacity_tokens)
+    assert res[0] == res[1]
+    bf16 = LLM(path, dtype="bfloat16", device="cuda", kv_cache_memory=256 << 20, enforce_eager=True)
+    assert caps[0] == 2 * bf16.engine.runner.capacity_tokens
 
 def test_overlapped_sampling_same_as_step_by_step(tmp_path):
     "Seeded sampling, penalties and logprobs give the same tokens with and without overlapped steps."

@@ -223,9 +223,9 @@ def _attention_cases(op, quick, device, dtype, model, tokens=None):
                 q = torch.randn(b, Hq, D, device=device, dtype=dtype)
                 lens = torch.full((b,), ctx, device=device, dtype=torch.int32)
                 shapes.append((lambda q=q, kc=kc, vc=vc, lens=lens, t=tables:
-                               da.decode_attention(q, kc, vc, lens, t, scale, max_seq_len=ctx),
+                               da.decode_attention(q, kc, vc, lens, t, scale),  # plans with the candidate's entries
                                reference.decode_attention(q, kc, vc, lens, tables, scale)))
-            cands = _grid(BLOCK_N=(32, 64, 128), num_warps=(2, 4, 8), num_stages=(2, 3, 4), programs_per_sm=(2, 4, 8))
+            cands = _grid(BLOCK_N=(32, 64, 128), num_warps=(2, 4, 8), num_stages=(2, 3, 4), splits_per_seq=(1, 4, 16))
             if device == "cpu": cands = _grid(BLOCK_N=(16, 32), num_warps=(1,), num_stages=(1,))
             yield (dt, D, shape_bucket(B)), cands, shapes
 

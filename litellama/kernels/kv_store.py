@@ -17,7 +17,8 @@ from . import autotune, reference
 @triton.jit(do_not_specialize=["n_tokens"])
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, n_tokens, block_size,
                      sk_t, sk_h, sv_t, sv_h, skc_b, skc_s, skc_h, svc_b, svc_s, svc_h,
-                     H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+                     H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+                     FP8_MAX: tl.constexpr):
     "Copy `k`, `v` of `ROWS` tokens `[H, D]` each into the cache slots `slot_mapping[t]`, skipping negative slots."
     toks = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     slot = tl.load(slot_ptr + toks, mask=toks < n_tokens, other=-1).to(tl.int64)
@@ -26,8 +27,12 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, n_tokens, block_siz
     toks, blk, off = toks.to(tl.int64), slot // block_size, slot % block_size
     h, d = h[None, :, None], d[None, None, :]
     k = tl.load(k_ptr + (toks * sk_t)[:, None, None] + h * sk_h + d, mask=mask)
+    if FP8_MAX > 0:  # an fp8 cache: saturate rather than overflow
+        k = tl.minimum(tl.maximum(k.to(tl.float32), -FP8_MAX), FP8_MAX)
     tl.store(kc_ptr + (blk * skc_b + off * skc_s)[:, None, None] + h * skc_h + d, k.to(kc_ptr.dtype.element_ty), mask=mask)
     v = tl.load(v_ptr + (toks * sv_t)[:, None, None] + h * sv_h + d, mask=mask)
+    if FP8_MAX > 0:
+        v = tl.minimum(tl.maximum(v.to(tl.float32), -FP8_MAX), FP8_MAX)
     tl.store(vc_ptr + (blk * svc_b + off * svc_s)[:, None, None] + h * svc_h + d, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 # %% ../../kernels_nb/05_kv_store.ipynb #96a03d8b
@@ -53,9 +58,9 @@ def store_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     _store_kv_kernel[(triton.cdiv(T, cfg["ROWS"]),)](
         k, v, k_cache, v_cache, slot_mapping, T, k_cache.shape[1],
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        H=H, D=D, BLOCK_H=bh, BLOCK_D=bd, **cfg)
+        H=H, D=D, BLOCK_H=bh, BLOCK_D=bd, FP8_MAX=reference.fp8_max(k_cache.dtype), **cfg)
 
-# %% ../../kernels_nb/05_kv_store.ipynb #e49e1058
+# %% ../../kernels_nb/05_kv_store.ipynb #799edb63
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 KV_HEADS = ((8, 128), (8, 64), (2, 128))     # (Hk, D): Qwen3-0.6B / Llama-3-8B, head_dim 64, few KV heads
 
