@@ -127,18 +127,21 @@ def workload2(llm, num_requests=256, seed=0) -> dict:
     total = sum(p.max_tokens for p in params)
     return dict(requests=num_requests, output_tokens=total, seconds=t, tok_s=total / t)
 
-def workload3(llm, prompt_lens=(128, 4096), gen=128) -> list:
-    "Batch-1 time to first token and time per output token."
+def workload3(llm, prompt_lens=(128, 4096), gen=128, repeats=5) -> list:
+    """Batch-1 time to first token and time per output token: medians over `repeats` fresh prompts (none in the prefix
+    cache) after one warm-up run, with every run's figures kept."""
     from litellama.sampling import SamplingParams
     eng, res = llm.engine, []
     for L in prompt_lens:
-        for seed in (L + 1, L):                         # the first run warms up; the second prompt is not in the prefix cache
+        runs = []
+        for seed in range(L, L + repeats + 1):           # seed L warms up
             rid = eng.add_request(random_prompts(1, L, seed=seed)[0], SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True))
             _sync(); t0 = time.perf_counter(); times = []
             while eng.has_unfinished_requests():         # a token is on the host when step() returns it: no other sync
                 outs = eng.step(); times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
-        res.append(dict(prompt=L, generated=gen, ttft_ms=(times[0] - t0) * 1e3,
-                        tpot_ms=(times[-1] - times[0]) / (len(times) - 1) * 1e3)); print(res[-1], flush=True)
+            runs.append(dict(ttft_ms=(times[0] - t0) * 1e3, tpot_ms=(times[-1] - times[0]) / (len(times) - 1) * 1e3))
+        med = lambda k: sorted(r[k] for r in runs[1:])[repeats // 2]
+        res.append(dict(prompt=L, generated=gen, ttft_ms=med("ttft_ms"), tpot_ms=med("tpot_ms"), runs=runs[1:])); print(res[-1], flush=True)
     return res
 
 # %% ../benchmarks_nb/00_bench.ipynb #683d3ece
