@@ -189,10 +189,11 @@ def _launch(self, outputs: list) -> InFlightStep | None:
         ready = torch.cuda.Event(); ready.record()
     positions = []
     for j, c in enumerate(done):
-        positions.append(c.seq.num_tokens)
+        token_ids = c.seq.token_ids
+        positions.append(len(token_ids))
         if c.finished: continue                     # found finished while reading back the previous step
-        c.seq.token_ids.append(-1 - j)              # placeholder: row j of this step's samples
-        if c.seq.num_output_tokens >= c.max_tokens or c.seq.num_tokens >= self.max_model_len:
+        token_ids.append(-1 - j)                    # placeholder: row j of this step's samples
+        if len(token_ids) - c.seq.num_prompt_tokens >= c.max_tokens or len(token_ids) >= self.max_model_len:
             self.scheduler.finish(c.seq)            # it stops here whatever the token: free its blocks now
     return InFlightStep(done, positions, ids, host, ready, logprobs_to_host(ids.tolist(), lp) if lp is not None else None)
 

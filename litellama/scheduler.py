@@ -45,12 +45,13 @@ class Scheduler:
         out, budget = SchedulerOutput(), self.max_num_batched_tokens
         # 1. running sequences, oldest first: each gets the tokens it is missing
         i = 0
-        bs = self.bm.block_size
+        bs, only_decodes = self.bm.block_size, True
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if n == 1 and seq.num_computed_tokens < len(seq.block_table) * bs:   # a decode whose slot is allocated
+            if n == 1 and 0 < seq.num_computed_tokens < len(seq.block_table) * bs:   # a decode whose slot is allocated
                 out.scheduled.append((seq, 1)); budget -= 1; i += 1; continue
+            only_decodes = only_decodes and out.is_decode(seq, n)
             victim = None
             while victim is not seq and not self.bm.can_allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]                     # the newest goes first
@@ -68,12 +69,12 @@ class Scheduler:
             self.waiting.popleft(); self.running.append(seq)
             self.bm.allocate(seq, start + n, hits)
             self.num_prefix_hit_tokens += start
-            out.scheduled.append((seq, n)); budget -= n
+            out.scheduled.append((seq, n)); budget -= n; only_decodes = False
         if not out.scheduled and self.waiting:
             raise RuntimeError(f"sequence {self.waiting[0].seq_id} needs more KV blocks than the whole cache holds")
-        for seq, n in out.scheduled:
-            if seq.num_computed_tokens + n < seq.num_tokens: self.num_chunked_prefills += 1
-        out.scheduled.sort(key=lambda sn: out.is_decode(*sn))   # stable: prefills first, then decodes
+        if not only_decodes:
+            self.num_chunked_prefills += sum(seq.num_computed_tokens + n < seq.num_tokens for seq, n in out.scheduled)
+            out.scheduled.sort(key=lambda sn: out.is_decode(*sn))   # stable: prefills first, then decodes
         return out
 
     def update(self, out: SchedulerOutput):
