@@ -40,8 +40,10 @@ def _config(device_type: str, dtype: torch.dtype, head_dim: int, max_seqlen_q: i
 @triton.jit
 def _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
                  stride_kb, stride_ks, stride_kd, offs_d,
-                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr):
-    "Fold keys `start .. start + BLOCK_N` of one sequence into the running `(acc, m_i, l_i)` of queries `q`."
+                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr,
+                 ACC_T: tl.constexpr = False):
+    """Fold keys `start .. start + BLOCK_N` of one sequence into the running `(acc, m_i, l_i)` of queries `q`;
+    with `ACC_T` the accumulator is held transposed, `[HEAD_DIM, rows]`."""
     offs_n = start + tl.arange(0, BLOCK_N)
     if PAGE >= BLOCK_N:  # the whole tile sits in one cache block
         rows = tl.load(table + start // PAGE).to(tl.int64) * stride_kb + (offs_n % PAGE) * stride_ks
@@ -67,7 +69,10 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_bas
         v = tl.load(v_base + offs, mask=(offs_n < seq_len)[:, None], other=0.0)
     else:
         v = tl.load(v_base + offs)
-    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=DOT_PREC)
+    if ACC_T:  # Vᵀ·Pᵀ: an fp8 V tile is read in 16-byte vectors; as P·V's operand it is gathered byte by byte
+        acc = tl.dot(tl.trans(v.to(q.dtype)), tl.trans(p.to(q.dtype)), acc * alpha[None, :], input_precision=DOT_PREC)
+    else:
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=DOT_PREC)
     return acc, m_new, l_i
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #aa80481e
@@ -76,7 +81,8 @@ def _prefill_kernel(Q, K, V, O, CU_Q, SEQ_LENS, BLOCK_TABLES, qk_scale, num_seqs
                     stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                     stride_ot, stride_oh, stride_od, stride_bt,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
+                    ACC_T: tl.constexpr = False):
     "One query tile of one sequence, one query head: causal attention over the sequence's paged K/V."
     head = tl.program_id(0)
     slot = num_slots - 1 - tl.program_id(1)  # longest tiles first
@@ -106,16 +112,18 @@ def _prefill_kernel(Q, K, V, O, CU_Q, SEQ_LENS, BLOCK_TABLES, qk_scale, num_seqs
     v_base = V + (head // GROUP) * stride_kh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if ACC_T: acc = tl.zeros([HEAD_DIM, BLOCK_M], tl.float32)
+    else: acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     first_q = seq_len - q_len + tile * BLOCK_M
     full_end = first_q // BLOCK_N * BLOCK_N  # keys [0, full_end) are visible to every row
     end = tl.minimum(seq_len, first_q + BLOCK_M)  # no row sees a key at or past `end`
     for start in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
-                                     stride_kb, stride_ks, stride_kd, offs_d, PAGE, BLOCK_N, False, DOT_PREC)
+                                     stride_kb, stride_ks, stride_kd, offs_d, PAGE, BLOCK_N, False, DOT_PREC, ACC_T)
     for start in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
-                                     stride_kb, stride_ks, stride_kd, offs_d, PAGE, BLOCK_N, True, DOT_PREC)
+                                     stride_kb, stride_ks, stride_kd, offs_d, PAGE, BLOCK_N, True, DOT_PREC, ACC_T)
+    if ACC_T: acc = tl.trans(acc)
     out = acc / l_i[:, None]
     tl.store(O + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
              out.to(O.dtype.element_ty), mask=(offs_m < q_len)[:, None])
@@ -164,7 +172,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         B, num_slots, max(B - 1, 1).bit_length(),
         *q.stride(), *k_cache.stride(), *out.stride(), block_tables.stride(0),
         GROUP=Hq // Hk, HEAD_DIM=D, PAGE=page, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", FP16_DOT=fp16_dot(q, k_cache), **cfg)
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", FP16_DOT=fp16_dot(q, k_cache),
+        ACC_T=k_cache.dtype == torch.float8_e4m3fn, **cfg)
     return out
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #b40758e1
