@@ -6,8 +6,8 @@ Docs: https://litellama.github.io/litellama/benchmarks_nb/bench.html.md"""
 
 # %% auto #0
 __all__ = ['RESULTS', 'W1_ROWS', 'environment', 'save_results', 'hf_generate', 'ours_generate', 'cpu_vs_hf', 'random_prompts',
-           'workload1', 'workload2', 'workload3', 'copy_bandwidth_gbps', 'kernel_suite', 'gpu_suite', 'forward_ms',
-           'workload2_timeline', 'profile_decode', 'serving_suite']
+           'workload1', 'workload2_requests', 'workload2', 'workload3', 'copy_bandwidth_gbps', 'kernel_suite',
+           'gpu_suite', 'forward_ms', 'workload2_timeline', 'profile_decode', 'serving_suite']
 
 # %% ../benchmarks_nb/00_bench.ipynb #4b6f7bb5
 import json, os, platform, random, subprocess, time
@@ -114,12 +114,18 @@ def workload1(llm, hf, rows=W1_ROWS, hf_max_seconds: float = 600) -> list:
         res.append(row); print(row, flush=True)
     return res
 
-def workload2(llm, num_requests=256, seed=0) -> dict:
-    "The nano-vllm workload: 256 random requests, lengths 100-1024 in and out."
+def workload2_requests(num_requests=256, seed=0) -> tuple[list, list]:
+    "The nano-vllm workload's prompts and sampling parameters: random token ids, lengths 100-1024 in and out."
     from litellama.sampling import SamplingParams
     random.seed(seed)
     prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(num_requests)]
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(100, 1024)) for _ in range(num_requests)]
+    return prompts, params
+
+def workload2(llm, num_requests=256, seed=0) -> dict:
+    "The nano-vllm workload: 256 random requests, lengths 100-1024 in and out."
+    from litellama.sampling import SamplingParams
+    prompts, params = workload2_requests(num_requests, seed)
     llm.generate(["warm-up"], SamplingParams(max_tokens=8), use_tqdm=False)
     _sync(); t0 = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
@@ -196,8 +202,7 @@ def forward_ms(llm, batch: int, context: int, reps: int = 20) -> float:
     mi = build_model_input([([0], context - 1, [0] * -(-context // runner.block_size))] * batch, runner.block_size, runner.device,
                            plan_decode=runner._plan_decode)
     mi.attn.slot_mapping.fill_(-1)                      # reads block 0 everywhere, stores nothing
-    graphs = getattr(runner, "graphs", None) and batch <= runner.graph_sizes[-1]
-    fn = (lambda: runner._replay(mi)) if graphs else (lambda: runner.model(mi))
+    fn = (lambda: runner._replay(mi)) if runner.graph_size(batch) is not None else (lambda: runner.model(mi))
     with torch.inference_mode():
         for _ in range(3): fn()
         if runner.device.type != "cuda":
@@ -215,9 +220,7 @@ def workload2_timeline(llm, num_requests=256, seed=1) -> dict:
     time, how long the host waited in it for the GPU, and its sequences. A step that waits for nothing was host-bound."""
     from litellama.sampling import SamplingParams
     eng, waited = llm.engine, [0.0]
-    random.seed(seed)
-    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(num_requests)]
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(100, 1024)) for _ in range(num_requests)]
+    prompts, params = workload2_requests(num_requests, seed)
     llm.generate(["warm-up"], SamplingParams(max_tokens=8), use_tqdm=False)
     sync = torch.cuda.Event.synchronize
     def timed(event):

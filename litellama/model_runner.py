@@ -32,6 +32,7 @@ class ModelRunner:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.split_planner = SplitPlanner(config.num_key_value_heads, self.head_dim, dtype, self.device, self.kv_cache_dtype)
         self._tables = {}                                    # seq_id -> (its block_table list, that list as an array)
+        self.graphs, self.graph_sizes = {}, []               # CUDA graphs by batch size, once captured
         per_block = kv_bytes_per_token(config, self.kv_cache_dtype) * block_size
         if num_blocks is None:
             if kv_cache_memory is None: kv_cache_memory = self._profile_free_memory(max_num_batched_tokens, gpu_memory_utilization)
@@ -99,9 +100,11 @@ class ModelRunner:
 
     def _plan_decode(self, seq_lens: list):
         "The decodes' attention plan; padded to the CUDA graph that will run it, if one will."
-        sizes = getattr(self, "graph_sizes", None) if getattr(self, "graphs", None) else None
-        pad = next((b for b in sizes if b >= len(seq_lens)), None) if sizes else None
-        return self.split_planner(seq_lens, pad_to_batch=pad)
+        return self.split_planner(seq_lens, pad_to_batch=self.graph_size(len(seq_lens)))
+
+    def graph_size(self, n: int) -> int | None:
+        "The batch size of the captured CUDA graph that runs a decode step of `n` sequences; None if none does."
+        return next((b for b in self.graph_sizes if b >= n), None)
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput, prev_token_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -111,7 +114,7 @@ class ModelRunner:
         if prev_token_ids is not None:
             ids = mi.input_ids
             mi.input_ids = torch.where(ids < 0, prev_token_ids[(-1 - ids).clamp_(min=0)], ids)
-        if getattr(self, "graphs", None) and mi.attn.num_prefills == 0 and len(mi.input_ids) <= self.graph_sizes[-1]:
+        if mi.attn.num_prefills == 0 and self.graph_size(len(mi.input_ids)) is not None:
             return self._replay(mi)
         return self.model(mi)
 
@@ -130,7 +133,7 @@ class ModelRunner:
                            block_tables=torch.zeros(n, width, dtype=torch.int32, device=dev), logits_indices=torch.arange(n, device=dev),
                            split_rows=torch.full((self.split_planner.capacity(n), 3), -1, dtype=torch.int64, device=dev),
                            cu_splits=torch.zeros(n + 1, dtype=torch.int64, device=dev))
-        self.graph_sizes, self.graphs, self.max_model_len, pool = sizes, {}, max_model_len, None
+        self.graph_sizes, self.graphs, pool = sizes, {}, None
         for bs in reversed(sizes):
             mi = self._static_input(bs)
             self.model(mi); torch.cuda.synchronize(dev)          # compile kernels and warm up outside the graph
@@ -150,7 +153,7 @@ class ModelRunner:
     def _replay(self, mi: ModelInput) -> torch.Tensor:
         "Copy a decode step into the static buffers of the smallest captured size that fits, replay, return its logits."
         n = len(mi.input_ids)
-        bs = next(b for b in self.graph_sizes if b >= n)
+        bs = self.graph_size(n)
         s, w = self.static, mi.attn.block_tables.shape[1]
         s["input_ids"][:n].copy_(mi.input_ids); s["positions"][:n].copy_(mi.positions)
         s["slot_mapping"][:n].copy_(mi.attn.slot_mapping); s["slot_mapping"][n:bs].fill_(-1)

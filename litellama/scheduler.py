@@ -79,10 +79,9 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput):
         "After the forward: the scheduled tokens are computed; register the blocks they completed."
-        bs = self.bm.block_size
         for seq, n in out.scheduled:
             seq.num_computed_tokens += n
-            if seq.num_computed_tokens // bs > seq.num_cached_blocks: self.bm.cache_full_blocks(seq)  # a block filled up
+            self.bm.cache_full_blocks(seq)
 
     def finish(self, seq: Sequence):
         "Remove a finished or aborted sequence and free its blocks."

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from . import autotune
-from .prefill_attention import _attend_tile, as_fp16, check_paged_args, fp16_dot, random_paged_kv
+from .prefill_attention import _attend_tile, as_fp16, check_paged_args, fp8_cache_args, random_paged_kv
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #4d8c9fea
 DEFAULTS = {
@@ -31,7 +31,7 @@ def _config(device_type: str, dtype: torch.dtype, head_dim: int = 0, batch: int 
     key = (str(dtype).replace("torch.", "") + ("/fp8" if fp8 else ""), head_dim, autotune.shape_bucket(batch))
     if device_type != "cuda": row = "interpret"
     else: row = "cuda_fp8" if fp8 else "cuda_fp32" if dtype == torch.float32 else "cuda"
-    return {**DEFAULTS[row], **autotune.lookup("decode_attention", key, dict(DEFAULTS[row]), device_type)}  # a tuned entry may leave keys out
+    return autotune.lookup("decode_attention", key, dict(DEFAULTS[row]), device_type)  # a tuned entry may leave keys out
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #c46e10f5
 def split_target(batch: int, kv_heads: int, cfg: dict, num_sms: int) -> int:
@@ -67,9 +67,9 @@ class SplitPlanner:
 
     def _cfg(self, batch): return _config(self.device.type, self.dtype, self.head_dim, batch, self.cache_dtype)
 
-    def capacity(self, batch: int) -> int:
+    def capacity(self, batch: int, cfg: dict | None = None) -> int:
         "The most pieces a step of at most `batch` sequences can have."
-        return batch + split_target(batch, self.kv_heads, self._cfg(batch), self.num_sms)
+        return batch + split_target(batch, self.kv_heads, cfg or self._cfg(batch), self.num_sms)
 
     def __call__(self, seq_lens, pad_to_batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The plan of one step. With `pad_to_batch` (a CUDA graph's batch size) the rows are padded to that batch's
@@ -78,7 +78,7 @@ class SplitPlanner:
         size = split_size(int(np.sum(seq_lens)), split_target(len(seq_lens), self.kv_heads, cfg, self.num_sms),
                           cfg["min_split"], cfg["BLOCK_N"])
         if pad_to_batch is None: return plan_splits(seq_lens, size)
-        rows, cu = plan_splits(seq_lens, size, self.capacity(pad_to_batch))
+        rows, cu = plan_splits(seq_lens, size, self.capacity(pad_to_batch, cfg))
         return rows, np.pad(cu, (0, pad_to_batch - len(seq_lens)), mode="edge")
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #a594221d
@@ -179,8 +179,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             q, k_cache, v_cache, out, m_part, l_part, acc_part, seq_lens.contiguous(), block_tables, rows.contiguous(),
             scale * math.log2(math.e), *q.stride(), *k_cache.stride(), *out.stride(), block_tables.stride(0),
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, PAGE=page,
-            BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", FP16_DOT=fp16_dot(q, k_cache),
-            ACC_T=k_cache.dtype == torch.float8_e4m3fn,
+            BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", **fp8_cache_args(q, k_cache),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), HEAD_DIM=D, BLOCK_S=16, num_warps=4)
     return out
