@@ -85,6 +85,10 @@ class PagedAttention(nn.Module):
 
     def forward(self, q, k, v, attn: AttentionMetadata):
         ops.store_kv_cache(k, v, self.k_cache, self.v_cache, attn.slot_mapping)
+        return self.attend(q, attn)
+
+    def attend(self, q, attn: AttentionMetadata):
+        "Attention of `q` over the cache, which already holds this step's K/V."
         P, npf = attn.num_prefill_tokens, attn.num_prefills
         if P == q.shape[0]:
             return ops.prefill_attention(q, self.k_cache, self.v_cache, attn.cu_seqlens_q, attn.seq_lens,
@@ -121,6 +125,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv_proj(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                                           self.num_kv_heads * self.head_dim], dim=-1)
         q, k, v = q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim), v.view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, attn).reshape(T, -1))
+        norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else ()
+        q = ops.rope_and_store_kv(positions, q, k, v, self.rotary.cos_sin_cache, self.attn.k_cache, self.attn.v_cache,
+                                  attn.slot_mapping, *norms)
+        return self.o_proj(self.attn.attend(q, attn).reshape(T, -1))

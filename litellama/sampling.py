@@ -87,6 +87,7 @@ class SamplingTensors:
     banned: torch.Tensor | None = None            # [S, V] bool: may not be sampled now (min_tokens)
     num_logprobs: int = 0
     all_greedy: bool = False
+    any_greedy: bool = True                       # some row has temperature 0 (False only when known to have none)
     filtered: torch.Tensor | None = None          # [S] bool: rows with top-k, top-p or min-p (None: no such row)
 
     @classmethod
@@ -99,7 +100,7 @@ class SamplingTensors:
         else:
             fl = f([[p.temperature for p in P], [p.top_p for p in P], [p.min_p for p in P]])     # two copies to the device
             it = f([[p.top_k if p.top_k > 0 else vocab for p in P], [r[1] for r in rows], [_n(r[3]) for r in rows]], torch.int64)
-            st = cls(fl[0], it[0], fl[1], fl[2], it[1], it[2])
+            st = cls(fl[0], it[0], fl[1], fl[2], it[1], it[2], any_greedy=any(p.greedy for p in P))
             if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in P):
                 st.filtered = (it[0] < vocab) | (fl[1] < 1) | (fl[2] > 0)
         st.num_logprobs = max([p.logprobs or 0 for p in P] + [0]) if any(p.logprobs is not None for p in P) else -1
@@ -161,18 +162,17 @@ class SamplerOutput:
 def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
     """Pick one token per row of `logits` `[S, V]` (any float dtype) under each row's parameters: `(ids, logprobs)`,
     tensors on the logits' device; `logprobs` is `(chosen [S], top values [S, N], top ids [S, N])` or None."""
-    if not (st.all_greedy and st.output_counts is None and st.num_logprobs < 0): logits = logits.float()
+    if st.output_counts is not None or st.filtered is not None or st.num_logprobs >= 0: logits = logits.float()
     raw = logits
     logits = apply_penalties(logits, st)
     if st.banned is not None: logits = logits.masked_fill(st.banned, float("-inf"))
-    greedy_ids = logits.argmax(-1)
-    if st.all_greedy: ids = greedy_ids
+    if st.all_greedy: ids = logits.argmax(-1)
     else:
         ids = ops.gumbel_argmax(logits, st.temperature, st.seeds, st.steps)    # rows without filters: one pass, no sort
         if st.filtered is not None:                                             # rows with filters: sort, filter, same noise
             race = filter_probs(logits, st) / -uniform_noise(st.seeds, st.steps, logits.shape[-1]).log()
             ids = torch.where(st.filtered, race.argmax(-1), ids)
-        ids = torch.where(st.temperature == 0, greedy_ids, ids)
+        if st.any_greedy: ids = torch.where(st.temperature == 0, logits.argmax(-1), ids)
     if st.num_logprobs < 0: return ids, None
     lp = raw.log_softmax(-1)
     top_v, top_i = lp.topk(max(st.num_logprobs, 1), -1)

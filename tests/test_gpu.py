@@ -183,6 +183,35 @@ def test_fp8_kv_cache_kernels(dtype):
     qp = torch.randn(sum(q_lens), 16, 128, device="cuda", dtype=dtype)
     assert rel_err(pa.prefill_attention(qp, kc, vc, cu, sl, bt, 128 ** -0.5), ref.prefill_attention(qp, kc.float(), vc.float(), cu, sl, bt, 128 ** -0.5)) < 2e-2
 
+@pytest.mark.parametrize("dtype", DT)
+def test_fp8_decode_wide_batch_words(dtype):
+    "A ragged batch of 200 over an fp8 cache reads K/V as int32 words (batch >= 128): planned, padded to a graph's 256, and replayed in a graph."
+    from litellama.kernels import prefill_attention as pa, decode_attention as da
+    fp8 = torch.float8_e4m3fn
+    g = np.random.default_rng(2)
+    lens = (g.integers(100, 1025, 200) + g.integers(0, 513, 200)).tolist()
+    kc, vc, bt = paged(lens, 8, 128, dtype)
+    kc, vc = kc.to(fp8), vc.to(fp8)
+    q = torch.randn(200, 16, 128, device="cuda", dtype=dtype)
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    assert da._config("cuda", dtype, 128, 200, fp8).get("words") and pa.fp8_cache_args(q, kc, vc, words=True)[2]["WORDS"]
+    want = ref.decode_attention(q, kc.float(), vc.float(), sl, bt, 128 ** -0.5)
+    on_gpu = lambda plan: [torch.from_numpy(a).cuda() for a in plan]
+    planner = da.SplitPlanner(8, 128, dtype, "cuda", fp8)
+    for plan in (planner(lens), planner(lens, pad_to_batch=256)):
+        assert rel_err(da.decode_attention(q, kc, vc, sl, bt, 128 ** -0.5, splits=on_gpu(plan)), want) < 2e-2
+    assert rel_err(da.decode_attention(q[:100], kc, vc, sl[:100], bt[:100], 128 ** -0.5), want[:100]) < 2e-2  # bytes
+    rows, cu = on_gpu(planner(lens, pad_to_batch=256))
+    q256, sl256 = torch.zeros(256, 16, 128, device="cuda", dtype=dtype), torch.zeros(256, dtype=torch.int32, device="cuda")
+    bt256 = torch.zeros(256, bt.shape[1], dtype=bt.dtype, device="cuda")
+    da.decode_attention(q256, kc, vc, sl256, bt256, 128 ** -0.5, splits=(rows, cu)); torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph): out = da.decode_attention(q256, kc, vc, sl256, bt256, 128 ** -0.5, splits=(rows, cu))
+    q256[:200].copy_(q); sl256[:200].copy_(sl); bt256[:200].copy_(bt)
+    for buf, a in zip((rows, cu), planner(lens, pad_to_batch=256)): buf.copy_(torch.from_numpy(a))
+    graph.replay(); torch.cuda.synchronize()
+    assert rel_err(out[:200], want) < 2e-2 and out[200:].abs().sum().item() == 0
+
 def test_fp8_kv_cache_graphs_same_tokens_as_eager(tmp_path):
     "With an fp8 cache, decode steps from CUDA graphs give the eager steps' greedy tokens; the cache holds twice the tokens."
     from litellama.checkpoints import make_random_checkpoint
@@ -269,3 +298,24 @@ def test_graph_timer_and_linear_sweep():
     assert 0 < autotune.graph_ms(lambda: x * 2) < 1
     rows = linear.sweep(shapes=((4096, 1024),), ms=(1, 4), configs=[dict(BLOCK_N=8), dict(USE_DOT=True, BLOCK_N=32, BLOCK_K=128)])
     assert rows and all(r["ok"] and r["ms"] > 0 for r in rows)
+
+@pytest.mark.parametrize("dtype", DT + [torch.float8_e4m3fn])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("T,Hq,Hk,D", [(1, 16, 8, 128), (777, 16, 8, 128), (300, 14, 2, 64)])
+def test_rope_and_store_kv(dtype, norm, T, Hq, Hk, D):
+    "The fused norms + rotation + store: q close to the reference's, the cache's bytes the reference's (fp8: a bf16 model over an fp8 cache)."
+    from litellama.kernels import rope
+    act = torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
+    qkv = torch.randn(T, (Hq + 2 * Hk) * D, device="cuda", dtype=act) * (60 if dtype == torch.float8_e4m3fn and not norm else 1)
+    q, k, v = qkv[:, :Hq * D].view(T, Hq, D), qkv[:, Hq * D:(Hq + Hk) * D].view(T, Hk, D), qkv[:, (Hq + Hk) * D:].view(T, Hk, D)
+    ang = torch.arange(4096, device="cuda")[:, None].float() * torch.rand(D // 2, device="cuda")
+    cache, pos = torch.cat([ang.cos(), ang.sin()], -1), torch.randint(0, 4096, (T,), device="cuda")
+    w = (torch.rand(D, device="cuda", dtype=act) + 0.5, torch.rand(D, device="cuda", dtype=act) + 0.5) if norm else ()
+    slots = torch.randperm(64 * 16, device="cuda")[:T]; slots[::7] = -1
+    kc = torch.randn(64, 16, Hk, D, device="cuda").to(dtype); vc = torch.randn(64, 16, Hk, D, device="cuda").to(dtype)
+    kc2, vc2 = kc.clone(), vc.clone()
+    got, want = rope.rope_and_store_kv(pos, q, k, v, cache, kc, vc, slots, *w), ref.rope_and_store_kv(pos, q, k, v, cache, kc2, vc2, slots, *w)
+    assert rel_err(got, want) < 1e-2
+    bits = lambda x: x.view(torch.uint8) if x.dtype.itemsize == 1 else x.view(torch.int16)
+    assert torch.equal(bits(vc), bits(vc2))                          # v is copied: exactly the same bytes
+    assert rel_err(kc.float(), kc2.float()) < 1e-2                  # k: float32 arithmetic, fused multiply-adds on the GPU

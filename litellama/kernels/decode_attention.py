@@ -20,6 +20,8 @@ from .prefill_attention import _attend_tile, as_fp16, check_paged_args, fp8_cach
 DEFAULTS = {
     "cuda":      {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2, "min_split": 64, "splits_per_seq": 1},
     "cuda_fp8":  {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2, "min_split": 128, "splits_per_seq": 1},
+    "cuda_fp8_wide": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2, "min_split": 128, "splits_per_seq": 1,
+                      "words": True},  # fp8 cache, batch >= 128: K and V read as int32 words
     "cuda_fp32": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4, "min_split": 128, "splits_per_seq": 1},
     "interpret": {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_per_sm": 2, "min_split": 32, "splits_per_seq": 2},
 }
@@ -30,10 +32,11 @@ def _config(device_type: str, dtype: torch.dtype, head_dim: int = 0, batch: int 
     fp8 = cache_dtype == torch.float8_e4m3fn
     key = (str(dtype).replace("torch.", "") + ("/fp8" if fp8 else ""), head_dim, autotune.shape_bucket(batch))
     if device_type != "cuda": row = "interpret"
-    else: row = "cuda_fp8" if fp8 else "cuda_fp32" if dtype == torch.float32 else "cuda"
+    elif fp8: row = "cuda_fp8_wide" if batch >= 128 else "cuda_fp8"
+    else: row = "cuda_fp32" if dtype == torch.float32 else "cuda"
     return autotune.lookup("decode_attention", key, dict(DEFAULTS[row]), device_type)  # a tuned entry may leave keys out
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #c46e10f5
+# %% ../../kernels_nb/07_decode_attention.ipynb #635a142b
 def split_target(batch: int, kv_heads: int, cfg: dict, num_sms: int) -> int:
     "How many pieces per kv head a step of `batch` sequences aims for."
     return max(-(-cfg["programs_per_sm"] * num_sms // kv_heads), cfg["splits_per_seq"] * batch)
@@ -58,7 +61,7 @@ def plan_splits(seq_lens, size: int, pad_to: int | None = None) -> tuple[np.ndar
         rows = np.concatenate([rows, np.full((pad_to - len(rows), 3), -1, dtype=np.int64)])
     return rows, cu
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #8564a37c
+# %% ../../kernels_nb/07_decode_attention.ipynb #f78c700a
 class SplitPlanner:
     "Plans the pieces of each decode step's attention on the host, for one model's kv heads on one device."
     def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device, cache_dtype: torch.dtype | None = None):
@@ -81,14 +84,14 @@ class SplitPlanner:
         rows, cu = plan_splits(seq_lens, size, self.capacity(pad_to_batch, cfg))
         return rows, np.pad(cu, (0, pad_to_batch - len(seq_lens)), mode="edge")
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #a594221d
+# %% ../../kernels_nb/07_decode_attention.ipynb #6e2cbafe
 @triton.jit(do_not_specialize=["SEQ_LENS", "BLOCK_TABLES", "SPLITS", "stride_bt"])
 def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_TABLES, SPLITS, qk_scale,
                          stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                          stride_ob, stride_oh, stride_od, stride_bt,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
-                         ACC_T: tl.constexpr = False):
+                         ACC_T: tl.constexpr = False, WORDS: tl.constexpr = False):
     "One piece of one sequence's keys for all the query heads of one kv head: a partial softmax, or the output."
     piece, kv_head = tl.program_id(0), tl.program_id(1)
     seq = tl.load(SPLITS + piece * 3).to(tl.int32)
@@ -106,16 +109,18 @@ def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_T
     table = BLOCK_TABLES + seq.to(tl.int64) * stride_bt
     k_base = K + kv_head * stride_kh
     v_base = V + kv_head * stride_kh
+    if WORDS: offs_kv = tl.arange(0, HEAD_DIM // 4)  # an fp8 cache in int32 words (`fp8_cache_args`)
+    else: offs_kv = offs_d
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     if ACC_T: acc = tl.zeros([HEAD_DIM, GROUP_PAD], tl.float32)  # an fp8 cache: see `_attend_tile`
     else: acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     for n in range(start, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
-                                     stride_kb, stride_ks, stride_kd, offs_d, PAGE, BLOCK_N, False, DOT_PREC, ACC_T)
+                                     stride_kb, stride_ks, stride_kd, offs_kv, PAGE, BLOCK_N, False, DOT_PREC, ACC_T, WORDS)
     for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
-                                     stride_kb, stride_ks, stride_kd, offs_d, PAGE, BLOCK_N, True, DOT_PREC, ACC_T)
+                                     stride_kb, stride_ks, stride_kd, offs_kv, PAGE, BLOCK_N, True, DOT_PREC, ACC_T, WORDS)
     if ACC_T: acc = tl.trans(acc)
     if (start == 0) & (end == seq_len):  # the sequence's only piece
         out = acc / l_i[:, None]
@@ -127,7 +132,7 @@ def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_T
         tl.store(L_PART + part, l_i, mask=offs_g < GROUP)
         tl.store(ACC_PART + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok)
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #6e2cbafe
+# %% ../../kernels_nb/07_decode_attention.ipynb #b4f7b6df
 @triton.jit(do_not_specialize=["CU_SPLITS"])
 def _decode_merge_kernel(O, M_PART, L_PART, ACC_PART, CU_SPLITS, stride_ob, stride_oh, stride_od,
                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -153,7 +158,7 @@ def _decode_merge_kernel(O, M_PART, L_PART, ACC_PART, CU_SPLITS, stride_ob, stri
     out = tl.sum(acc, 0) / tl.maximum(tl.sum(den, 0), 1e-30)  # no pieces: 0 / tiny = 0
     tl.store(O + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d * stride_od, out.to(O.dtype.element_ty))
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #b4f7b6df
+# %% ../../kernels_nb/07_decode_attention.ipynb #9a558e5c
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
                      block_tables: torch.Tensor, scale: float, *, splits: tuple | None = None) -> torch.Tensor:
     """Attention of one query per sequence, `q` `[B, Hq, D]`, over its paged K/V; see `reference.decode_attention`.
@@ -168,23 +173,24 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         splits = [torch.from_numpy(a).to(q.device) for a in planner(seq_lens.tolist())]
     rows, cu = splits
     assert cu.shape[0] > B, f"split plan covers {cu.shape[0] - 1} sequences, the batch has {B}"
-    cfg = _config(q.device.type, q.dtype, D, B, k_cache.dtype)  # the planner's: pieces start on whole tiles
+    cfg = _config(q.device.type, q.dtype, D, cu.shape[0] - 1, k_cache.dtype)  # the planner's, for the batch it planned
     group, n = Hq // Hk, rows.shape[0]
     if block_tables.stride(-1) != 1: block_tables = block_tables.contiguous()
     m_part = torch.empty((n, Hq), dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
     acc_part = torch.empty((n, Hq, D), dtype=torch.float32, device=q.device)
     if n:
+        kc, vc, fp8 = fp8_cache_args(q, k_cache, v_cache, words=cfg.get("words", False))
         _decode_split_kernel[(n, Hk)](
-            q, k_cache, v_cache, out, m_part, l_part, acc_part, seq_lens.contiguous(), block_tables, rows.contiguous(),
-            scale * math.log2(math.e), *q.stride(), *k_cache.stride(), *out.stride(), block_tables.stride(0),
+            q, kc, vc, out, m_part, l_part, acc_part, seq_lens.contiguous(), block_tables, rows.contiguous(),
+            scale * math.log2(math.e), *q.stride(), *kc.stride(), *out.stride(), block_tables.stride(0),
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, PAGE=page,
-            BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", **fp8_cache_args(q, k_cache),
+            BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", **fp8,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), HEAD_DIM=D, BLOCK_S=16, num_warps=4)
     return out
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #9566135e
+# %% ../../kernels_nb/07_decode_attention.ipynb #30f9981d
 COPY_GBPS = 4250  # H200 device-to-device copy, measured 2026-11-29 (benchmarks guide)
 
 def benchmark(device="cuda", timer=None) -> list:

@@ -6,7 +6,7 @@ Docs: https://litellama.github.io/litellama/kernels_nb/reference.html.md"""
 
 # %% auto #0
 __all__ = ['rms_norm', 'fused_add_rms_norm', 'rotary_embedding', 'linear', 'silu_and_mul', 'store_kv_cache', 'fp8_max',
-           'to_cache_dtype', 'gather_kv', 'prefill_attention', 'decode_attention', 'gumbel_argmax']
+           'to_cache_dtype', 'rope_and_store_kv', 'gather_kv', 'prefill_attention', 'decode_attention', 'gumbel_argmax']
 
 # %% ../../kernels_nb/00_reference.ipynb #fd650490
 import math
@@ -72,13 +72,25 @@ def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 # %% ../../kernels_nb/00_reference.ipynb #196261b9
+def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin_cache: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm each head of `q` and `k` (when the weights are given), rotate both, store `k` and `v` in the cache at
+    `slot_mapping`: returns the rotated `q`."""
+    assert (q_weight is None) == (k_weight is None), "give both q and k norm weights, or neither"
+    if q_weight is not None: q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
+    q, k = rotary_embedding(positions, q, k, cos_sin_cache)
+    store_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+# %% ../../kernels_nb/00_reference.ipynb #fed0812e
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     "The first `seq_len` tokens of one sequence's K or V, `[seq_len, Hk, D]`, gathered from its blocks."
     block_size = cache.shape[1]
     nblocks = (seq_len + block_size - 1) // block_size
     return cache[block_table[:nblocks].long()].flatten(0, 1)[:seq_len]
 
-# %% ../../kernels_nb/00_reference.ipynb #f8fc49a4
+# %% ../../kernels_nb/00_reference.ipynb #24ca8f10
 def _attend(q, k, v, scale, q_start):
     "Causal attention of `q` `[Tq, Hq, D]` at positions `q_start..` over `k, v` `[Tk, Hk, D]`, in float32."
     q, k, v = (t.float().transpose(0, 1)[None] for t in (q, k, v))          # [1, heads, tokens, D]
@@ -88,7 +100,7 @@ def _attend(q, k, v, scale, q_start):
     out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True, **causal)
     return out[0].transpose(0, 1)
 
-# %% ../../kernels_nb/00_reference.ipynb #288134ac
+# %% ../../kernels_nb/00_reference.ipynb #c06396e9
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                       seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                       max_seqlen_q: int | None = None) -> torch.Tensor:
@@ -102,7 +114,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         out[s:e] = _attend(q[s:e], k, v, scale, q_start=lens[b] - (e - s)).to(q.dtype)
     return out
 
-# %% ../../kernels_nb/00_reference.ipynb #c06396e9
+# %% ../../kernels_nb/00_reference.ipynb #509df191
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
                      block_tables: torch.Tensor, scale: float, splits: tuple | None = None) -> torch.Tensor:
     "Attention of one new query per sequence, `q` `[B, Hq, D]`, over its first `seq_lens[b]` cached tokens."
@@ -116,7 +128,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = F.scaled_dot_product_attention(q.float()[:, :, None], k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out[:, :, 0].to(q.dtype)
 
-# %% ../../kernels_nb/00_reference.ipynb #2e6e8eac
+# %% ../../kernels_nb/00_reference.ipynb #536730ef
 def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     "Per row of `logits` `[S, V]`, `argmax(logits / T - log(-log(u)))` with `u = uniform_noise(seeds, steps)`; rows with `T = 0` are undefined."
     from litellama.sampling import uniform_noise

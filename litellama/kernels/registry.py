@@ -15,7 +15,7 @@ import torch
 
 # %% ../../kernels_nb/01_registry.ipynb #6e8c71cf
 OPS = ("linear", "rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
-       "store_kv_cache", "prefill_attention", "decode_attention", "gumbel_argmax")
+       "store_kv_cache", "rope_and_store_kv", "prefill_attention", "decode_attention", "gumbel_argmax")
 
 # %% ../../kernels_nb/01_registry.ipynb #0c890297
 @dataclass
@@ -52,7 +52,7 @@ BACKENDS = {
     "triton": Backend("triton", {
         "linear": _K + "linear:linear", "rms_norm": _K + "rmsnorm:rms_norm", "fused_add_rms_norm": _K + "rmsnorm:fused_add_rms_norm",
         "rotary_embedding": _K + "rope:rotary_embedding", "silu_and_mul": _K + "activation:silu_and_mul",
-        "store_kv_cache": _K + "kv_store:store_kv_cache",
+        "store_kv_cache": _K + "kv_store:store_kv_cache", "rope_and_store_kv": _K + "rope:rope_and_store_kv",
         "prefill_attention": _K + "prefill_attention:prefill_attention",
         "decode_attention": _K + "decode_attention:decode_attention", "gumbel_argmax": _K + "gumbel:gumbel_argmax"},
         _probe_triton, auto=lambda device_type: device_type == "cuda", graph_safe=True),
