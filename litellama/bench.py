@@ -280,8 +280,10 @@ def serving_suite(out_dir, like="qwen3-0.6b", rates=(2, 8, 32, 128, float("inf")
     proc = subprocess.Popen([sys.executable, "-c", f"from litellama.cli import main; main(['serve', '--model-dir', '{path}', '--port', '{port}'])"])
     try:
         for _ in range(600):
+            if proc.poll() is not None: raise RuntimeError(f"litellama serve exited with code {proc.returncode} before answering")
             try: urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1); break
             except Exception: time.sleep(1)
+        else: raise RuntimeError(f"litellama serve did not answer on port {port} within 600 s")
         res = bench_serving(f"http://127.0.0.1:{port}", like, rates=rates, num_requests=num_requests,
                             prompt_len=prompt_len, max_tokens=max_tokens)
     finally: proc.terminate(); proc.wait(60)

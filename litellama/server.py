@@ -19,10 +19,10 @@ def _need(name: str):
     import importlib
     try: return importlib.import_module(name)
     except ImportError as e:
-        raise ImportError(f"the litellama server needs `{name}`: pip install 'litellama[serve]' "
+        raise ImportError(f"the litellama server needs `{name}` ({e}): pip install 'litellama[serve]' "
                           "(fastapi, uvicorn, prometheus-client)") from e
 
-# %% ../nbs/15_server.ipynb #6c99fdba
+# %% ../nbs/15_server.ipynb #6e389d76
 class APIError(Exception):
     "An error to send back as OpenAI's error JSON."
     def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error", param=None, code=None):
@@ -39,7 +39,7 @@ def _param_of(msg: str):
         if msg.startswith(p + " "): return p
     return None
 
-# %% ../nbs/15_server.ipynb #df50f6f6
+# %% ../nbs/15_server.ipynb #da161e44
 @functools.cache
 def schemas():
     "The request models: `CompletionRequest`, `ChatRequest`, `TokenizeRequest`, `DetokenizeRequest`."
@@ -104,7 +104,7 @@ def schemas():
     return SimpleNamespace(CompletionRequest=CompletionRequest, ChatRequest=ChatRequest, Message=Message,
                            TokenizeRequest=TokenizeRequest, DetokenizeRequest=DetokenizeRequest)
 
-# %% ../nbs/15_server.ipynb #f92d2f79
+# %% ../nbs/15_server.ipynb #79e23d1c
 def sampling_params(req, default_max_tokens=None, logprobs=None) -> SamplingParams:
     "Build `SamplingParams` from a completion or chat request; bad values raise `APIError` (400)."
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
@@ -120,7 +120,7 @@ def sampling_params(req, default_max_tokens=None, logprobs=None) -> SamplingPara
                               logprobs=logprobs)
     except ValueError as e: raise APIError(str(e), param=_param_of(str(e))) from None
 
-# %% ../nbs/15_server.ipynb #5a362e52
+# %% ../nbs/15_server.ipynb #56781b8d
 def _content(m) -> str:
     c = m.content
     return "" if c is None else c if isinstance(c, str) else "".join(p.text for p in c)
@@ -157,7 +157,7 @@ def split_prompts(prompt) -> list:
     if not prompt: raise APIError("the prompt is empty", param="prompt")
     return list(prompt)
 
-# %% ../nbs/15_server.ipynb #72f46f95
+# %% ../nbs/15_server.ipynb #a65452f9
 def _tok_str(tokenizer, tid: int) -> str:
     return tokenizer.decode([tid]) if tokenizer is not None else str(tid)
 
@@ -182,7 +182,7 @@ def chat_logprobs(tokenizer, token_ids, logprobs, n: int) -> list:
     return [{**rec(tid, lp.get(tid, -math.inf)), "top_logprobs": [rec(t, v) for t, v in _top(lp, n)]}
             for tid, lp in zip(token_ids, logprobs)]
 
-# %% ../nbs/15_server.ipynb #31763df8
+# %% ../nbs/15_server.ipynb #edb55271
 class ServerMetrics:
     "The server's Prometheus metrics, in a registry of their own."
     def __init__(self, async_engine):
@@ -218,7 +218,7 @@ class ServerMetrics:
     def render(self) -> bytes:
         return _need("prometheus_client").generate_latest(self.registry)
 
-# %% ../nbs/15_server.ipynb #54b93334
+# %% ../nbs/15_server.ipynb #f620843c
 class _Run:
     "The engine requests behind one HTTP request, merged, timed and aborted together."
     def __init__(self, app_state, prompts: list, params: SamplingParams, endpoint: str):
@@ -288,7 +288,7 @@ class _Run:
         except BaseException: await it.aclose(); raise
         return first, it
 
-# %% ../nbs/15_server.ipynb #d4deef6b
+# %% ../nbs/15_server.ipynb #fa4bbd77
 def _usage(prompt_tokens, completion_tokens) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
 
@@ -317,7 +317,7 @@ def _event_stream(st, req, cid, created, obj, chunks, it, usage):
         yield "data: [DONE]\n\n"
     return stream()
 
-# %% ../nbs/15_server.ipynb #ee520fb7
+# %% ../nbs/15_server.ipynb #f9eedc45
 async def _collect(items, key):
     "Concatenate a request's streamed outputs per choice `key(prompt_index, out)`: text, token ids, logprobs, finish reasons."
     text, toks, lps, reasons = {}, {}, {}, {}
@@ -328,7 +328,7 @@ async def _collect(items, key):
         if out.finished: reasons[k] = out.finish_reason
     return text, toks, lps, reasons
 
-# %% ../nbs/15_server.ipynb #f9eedc45
+# %% ../nbs/15_server.ipynb #9de41e10
 async def completions(st, req):
     "POST /v1/completions: one choice per (prompt, n), `index = prompt_index * n + i`."
     eng = st.engine.engine
@@ -366,7 +366,7 @@ async def completions(st, req):
             yield [{"index": k, "text": out.delta, "logprobs": l, "finish_reason": _finish(out.finish_reason) if out.finished else None}]
     return _event_stream(st, req, cid, created, "text_completion", chunks, it, usage)
 
-# %% ../nbs/15_server.ipynb #6966a44a
+# %% ../nbs/15_server.ipynb #9088bdb8
 async def chat_completions(st, req):
     "POST /v1/chat/completions."
     eng = st.engine.engine
@@ -400,7 +400,7 @@ async def chat_completions(st, req):
                     "finish_reason": _finish(out.finish_reason) if out.finished else None}]
     return _event_stream(st, req, cid, created, "chat.completion.chunk", chunks, it, usage)
 
-# %% ../nbs/15_server.ipynb #a6bc5f6b
+# %% ../nbs/15_server.ipynb #051adb99
 def _error_response(e: APIError):
     from fastapi.responses import JSONResponse
     return JSONResponse(e.body(), status_code=e.status)
@@ -426,7 +426,7 @@ async def _parse(request, model):
         msg, param = _validation_message(e.errors(include_url=False))
         raise APIError(msg, param=param) from None
 
-# %% ../nbs/15_server.ipynb #827e2102
+# %% ../nbs/15_server.ipynb #e7ed142b
 def build_app(async_engine, served_model_name: str, api_key: str | None = None):
     "A FastAPI app serving `async_engine` under the model name `served_model_name`."
     fastapi = _need("fastapi")
@@ -533,7 +533,7 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None):
 
     return app
 
-# %% ../nbs/15_server.ipynb #1d6f371e
+# %% ../nbs/15_server.ipynb #33e0d6bd
 GRACEFUL_SHUTDOWN_S = 10
 
 def serve(model_dir=None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -550,7 +550,7 @@ def serve(model_dir=None, host: str = "127.0.0.1", port: int = 8000, api_key: st
     uvicorn.Server(config).run()
     return 0
 
-# %% ../nbs/15_server.ipynb #26f8d75a
+# %% ../nbs/15_server.ipynb #2d2c8ded
 def _pct(xs, q):
     if not xs: return None
     xs = sorted(xs); k = (len(xs) - 1) * q / 100; lo = int(k)
