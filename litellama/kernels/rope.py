@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 from . import autotune, reference
+from .kv_store import to_cache
 
 # %% ../../kernels_nb/03_rope.ipynb #06c0a7ab
 @triton.jit
@@ -38,11 +39,8 @@ def _rotate_heads(x_ptr, toks, tmask, s_t, s_h, cos, sin, w_ptr, eps,
 def _store_heads(o_ptr, rows, s_h, y1, y2, mask, h, d, HALF: tl.constexpr, FP8_MAX: tl.constexpr):
     "Write halves `y1`, `y2` of each head to `o` at token offsets `rows` and head stride `s_h`; an fp8 `o` saturates."
     o = o_ptr + rows[:, None, None] + (h * s_h)[None, :, None] + d[None, None, :]
-    if FP8_MAX > 0:  # as `to_cache_dtype`: clamp, then round to nearest
-        y1 = tl.minimum(tl.maximum(y1.to(tl.float32), -FP8_MAX), FP8_MAX)
-        y2 = tl.minimum(tl.maximum(y2.to(tl.float32), -FP8_MAX), FP8_MAX)
-    tl.store(o, y1.to(o_ptr.dtype.element_ty), mask=mask)
-    tl.store(o + HALF, y2.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o, to_cache(y1, o_ptr, FP8_MAX), mask=mask)   # `05_kv_store.ipynb`
+    tl.store(o + HALF, to_cache(y2, o_ptr, FP8_MAX), mask=mask)
 
 # %% ../../kernels_nb/03_rope.ipynb #a84f415f
 @triton.jit(do_not_specialize=["n_tokens"])
