@@ -43,7 +43,8 @@ def build_model_input(chunks, block_size: int, device="cpu", logits_for=None, pl
     """`chunks`: one `(token_ids, start, block_table)` per sequence, prefills first; the sequence's tokens
     `start..start+len(token_ids)` are new this step. A 1-token chunk after a prefix counts as a decode.
     `logits_for`: per sequence, whether its last token needs logits (default: all).
-    `plan_decode`: maps the decodes' lengths to their attention plan, `(rows, cu_splits)` numpy arrays."""
+    `plan_decode(decode_lens, decodes_only)`: the decodes' attention plan, `(rows, cu_splits)` numpy arrays;
+    `decodes_only` tells whether the step holds nothing else (only such a step can replay a CUDA graph)."""
     B = len(chunks)
     n_new = np.fromiter((len(t) for t, _, _ in chunks), np.int64, B)
     starts = np.fromiter((s for _, s, _ in chunks), np.int64, B)
@@ -54,7 +55,7 @@ def build_model_input(chunks, block_size: int, device="cpu", logits_for=None, pl
     lens, T, width = starts + n_new, int(n_new.sum()), max(int(n_table.max(initial=0)), 1)
     cu_all = np.concatenate([[0], np.cumsum(n_new)])
     last = cu_all[1:] if logits_for is None else cu_all[1:][np.asarray(logits_for, dtype=bool)]
-    plan = plan_decode(lens[num_prefills:].tolist()) if plan_decode is not None and num_prefills < B else (np.zeros((0, 3)), [])
+    plan = plan_decode(lens[num_prefills:].tolist(), num_prefills == 0) if plan_decode is not None and num_prefills < B else (np.zeros((0, 3)), [])
     # everything in one int64 host buffer, moved to the device with a single copy
     sizes = [T, T, T, B, num_prefills + 1, len(last), B * width, plan[0].size, len(plan[1])]
     buf = np.zeros(sum(sizes), dtype=np.int64)

@@ -98,9 +98,9 @@ class ModelRunner:
             self._tables[seq.seq_id] = held = (seq.block_table, np.asarray(seq.block_table, dtype=np.int64))
         return held[1]
 
-    def _plan_decode(self, seq_lens: list):
-        "The decodes' attention plan; padded to the CUDA graph that will run it, if one will."
-        return self.split_planner(seq_lens, pad_to_batch=self.graph_size(len(seq_lens)))
+    def _plan_decode(self, seq_lens: list, decodes_only: bool):
+        "The decodes' attention plan; padded to the CUDA graph that will run it, if one will: a step of decodes only."
+        return self.split_planner(seq_lens, pad_to_batch=self.graph_size(len(seq_lens)) if decodes_only else None)
 
     def graph_size(self, n: int) -> int | None:
         "The batch size of the captured CUDA graph that runs a decode step of `n` sequences; None if none does."

@@ -154,7 +154,7 @@ def _reads_words(q, *caches) -> bool:
     "Whether the kernels can read these fp8 caches as int32 words: compiled for an NVIDIA GPU of sm_89 or later, whole words."
     return (os.environ.get("TRITON_INTERPRET") != "1" and q.device.type == "cuda" and torch.version.hip is None
             and all(c.stride(-1) == 1 and c.storage_offset() % 4 == 0 and all(s % 4 == 0 for s in c.stride()[:-1]) for c in caches)
-            and torch.cuda.get_device_capability(q.device) >= (8, 9))
+            and autotune.compute_capability(q.device) >= (8, 9))
 
 def fp8_cache_args(q, k_cache, v_cache, words: bool = False) -> tuple:
     """The caches as the attention kernels read them, and the kernels' switches for an fp8 cache: `FP16_DOT`, multiply
