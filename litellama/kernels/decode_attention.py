@@ -37,7 +37,7 @@ def _config(device_type: str, dtype: torch.dtype, head_dim: int = 0, batch: int 
     else: row = "cuda_fp32" if dtype == torch.float32 else "cuda"
     return autotune.lookup("decode_attention", key, dict(DEFAULTS[row]), device_type)  # a tuned entry may leave keys out
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #635a142b
+# %% ../../kernels_nb/07_decode_attention.ipynb #e00b0f37
 def split_target(batch: int, kv_heads: int, cfg: dict, num_sms: int) -> int:
     "How many pieces per kv head a step of `batch` sequences aims for."
     return max(-(-cfg["programs_per_sm"] * num_sms // kv_heads), cfg["splits_per_seq"] * batch)
@@ -62,7 +62,7 @@ def plan_splits(seq_lens, size: int, pad_to: int | None = None) -> tuple[np.ndar
         rows = np.concatenate([rows, np.full((pad_to - len(rows), 3), -1, dtype=np.int64)])
     return rows, cu
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #f78c700a
+# %% ../../kernels_nb/07_decode_attention.ipynb #a594221d
 class SplitPlanner:
     "Plans the pieces of each decode step's attention on the host, for one model's kv heads on one device."
     def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device, cache_dtype: torch.dtype | None = None):
@@ -85,7 +85,7 @@ class SplitPlanner:
         rows, cu = plan_splits(seq_lens, size, self.capacity(pad_to_batch, cfg))
         return rows, np.pad(cu, (0, pad_to_batch - len(seq_lens)), mode="edge")
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #6e2cbafe
+# %% ../../kernels_nb/07_decode_attention.ipynb #7ca1a94b
 @triton.jit(do_not_specialize=["SEQ_LENS", "BLOCK_TABLES", "SPLITS", "stride_bt"])
 def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_TABLES, SPLITS, qk_scale,
                          stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
@@ -133,7 +133,7 @@ def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_T
         tl.store(L_PART + part, l_i, mask=offs_g < GROUP)
         tl.store(ACC_PART + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok)
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #b4f7b6df
+# %% ../../kernels_nb/07_decode_attention.ipynb #9f07a1fb
 @triton.jit(do_not_specialize=["CU_SPLITS"])
 def _decode_merge_kernel(O, M_PART, L_PART, ACC_PART, CU_SPLITS, stride_ob, stride_oh, stride_od,
                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -159,7 +159,7 @@ def _decode_merge_kernel(O, M_PART, L_PART, ACC_PART, CU_SPLITS, stride_ob, stri
     out = tl.sum(acc, 0) / tl.maximum(tl.sum(den, 0), 1e-30)  # no pieces: 0 / tiny = 0
     tl.store(O + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d * stride_od, out.to(O.dtype.element_ty))
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #9a558e5c
+# %% ../../kernels_nb/07_decode_attention.ipynb #dab9d4b6
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
                      block_tables: torch.Tensor, scale: float, *, splits: tuple | None = None) -> torch.Tensor:
     """Attention of one query per sequence, `q` `[B, Hq, D]`, over its paged K/V; see `reference.decode_attention`.
@@ -195,7 +195,7 @@ def merge_config(batch: int) -> dict:
     "The merge's launch: one warp per (sequence, head); 16 pieces read at a time for a few long sequences, 4 for many."
     return dict(BLOCK_S=16 if batch <= 16 else 4, num_warps=1)
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #30f9981d
+# %% ../../kernels_nb/07_decode_attention.ipynb #545069d3
 COPY_GBPS = 4250  # H200 device-to-device copy, measured 2026-11-29 (benchmarks guide)
 
 def benchmark(device="cuda", timer=None) -> list:
