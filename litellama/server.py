@@ -7,7 +7,7 @@ Docs: https://litellama.github.io/litellama/nbs/server.html.md"""
 # %% auto #0
 __all__ = ['GRACEFUL_SHUTDOWN_S', 'APIError', 'schemas', 'sampling_params', 'chat_prompt', 'prompt_ids', 'check_length',
            'split_prompts', 'completion_logprobs', 'chat_logprobs', 'ServerMetrics', 'completions', 'chat_completions',
-           'build_app', 'serve', 'bench_serving']
+           'BearerAuth', 'build_app', 'serve', 'bench_serving']
 
 # %% ../nbs/15_server.ipynb #3d1376f5
 import asyncio, functools, json, math, random, secrets, signal, statistics, time, uuid
@@ -427,6 +427,23 @@ async def _parse(request, model):
         raise APIError(msg, param=param) from None
 
 # %% ../nbs/15_server.ipynb #e7ed142b
+class BearerAuth:
+    """ASGI middleware: an HTTP request without `Authorization: Bearer <api_key>` gets OpenAI's 401, except on the
+    `open_paths`; the others pass to `app` untouched, streams included."""
+    def __init__(self, app, api_key: str, open_paths=("/health", "/metrics")):
+        self.app, self.key, self.open_paths = app, api_key.encode(), set(open_paths)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not (got.startswith(b"Bearer ") and secrets.compare_digest(got[7:].strip(), self.key)):
+                response = _error_response(APIError("Incorrect API key provided." if got else
+                                                    "Missing API key: send `Authorization: Bearer <key>`.",
+                                                    401, "authentication_error", code="invalid_api_key"))
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+# %% ../nbs/15_server.ipynb #54c05345
 def build_app(async_engine, served_model_name: str, api_key: str | None = None):
     "A FastAPI app serving `async_engine` under the model name `served_model_name`."
     fastapi = _need("fastapi")
@@ -467,15 +484,7 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None):
     async def _crash(request, e):
         return _error_response(APIError(f"internal error: {type(e).__name__}: {e}", 500, "server_error"))
 
-    @app.middleware("http")
-    async def _auth(request, call_next):
-        if api_key is not None and request.url.path not in ("/health", "/metrics"):
-            got = request.headers.get("authorization", "")
-            if not (got.startswith("Bearer ") and secrets.compare_digest(got[7:].strip().encode(), api_key.encode())):
-                return _error_response(APIError("Incorrect API key provided." if got else
-                                                "Missing API key: send `Authorization: Bearer <key>`.",
-                                                401, "authentication_error", code="invalid_api_key"))
-        return await call_next(request)
+    if api_key is not None: app.add_middleware(BearerAuth, api_key=api_key)
 
     def check_model(name):
         if name != served_model_name:
@@ -533,7 +542,7 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None):
 
     return app
 
-# %% ../nbs/15_server.ipynb #33e0d6bd
+# %% ../nbs/15_server.ipynb #2d2c8ded
 GRACEFUL_SHUTDOWN_S = 10
 
 def serve(model_dir=None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
@@ -550,7 +559,7 @@ def serve(model_dir=None, host: str = "127.0.0.1", port: int = 8000, api_key: st
     uvicorn.Server(config).run()
     return 0
 
-# %% ../nbs/15_server.ipynb #2d2c8ded
+# %% ../nbs/15_server.ipynb #fe8315c1
 def _pct(xs, q):
     if not xs: return None
     xs = sorted(xs); k = (len(xs) - 1) * q / 100; lo = int(k)
