@@ -240,7 +240,7 @@ def abort_request(self, request_id: str) -> bool:
     for c in comps:
         if c.finished: continue
         c.finished, c.finish_reason = True, "abort"
-        while c.seq.token_ids[-1] < 0: c.seq.token_ids.pop()       # tokens of launched steps are dropped
+        del c.seq.token_ids[c.seq.num_known_tokens:]               # tokens of launched steps are dropped
         self.scheduler.finish(c.seq); self.by_seq.pop(c.seq.seq_id, None)
         delta = c.detok.take_delta(True) if c.detok else ""
         self._pending.append(StepOutput(c.request_id, c.index, delta, [], True, "abort", None,

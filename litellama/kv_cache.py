@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 class Sequence:
     "One stream of tokens being generated: what the scheduler and the block manager need to know about it."
     seq_id: int
-    token_ids: list                       # prompt followed by generated tokens
+    token_ids: list                       # prompt, then generated tokens; may end with placeholders (negative ids)
     num_prompt_tokens: int
     block_table: list = field(default_factory=list)
     num_computed_tokens: int = 0          # tokens whose K/V are in the cache
@@ -29,6 +29,12 @@ class Sequence:
     def num_output_tokens(self): return len(self.token_ids) - self.num_prompt_tokens
     @property
     def output_ids(self): return self.token_ids[self.num_prompt_tokens:]
+    @property
+    def num_known_tokens(self) -> int:
+        "Tokens whose ids are known: all but the trailing placeholders, tokens sampled on the device and not read back yet."
+        n = len(self.token_ids)
+        while n and self.token_ids[n - 1] < 0: n -= 1
+        return n
 
 # %% ../nbs/08_kv_cache.ipynb #8f01cf6e
 def block_hash(parent, token_ids, extra_keys=()) -> int:
@@ -95,9 +101,8 @@ class BlockManager:
     def cache_full_blocks(self, seq: Sequence) -> None:
         "Register `seq`'s newly completed (computed and full) blocks in the prefix cache."
         if not self.enable_prefix_caching: return
-        bs, n = self.block_size, seq.num_computed_tokens
+        bs, n = self.block_size, min(seq.num_computed_tokens, seq.num_known_tokens)   # a block's ids must all be known
         if n // bs <= seq.num_cached_blocks: return      # no block completed since the last call (most steps)
-        if seq.token_ids[n - 1] < 0: n -= 1              # a sampled token not read back yet (the engine's placeholder)
         parent = self.blocks[seq.block_table[seq.num_cached_blocks - 1]].hash if seq.num_cached_blocks else None
         for i in range(seq.num_cached_blocks, n // bs):
             toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])
