@@ -101,8 +101,9 @@ class BlockManager:
     def cache_full_blocks(self, seq: Sequence) -> None:
         "Register `seq`'s newly completed (computed and full) blocks in the prefix cache."
         if not self.enable_prefix_caching: return
-        bs, n = self.block_size, min(seq.num_computed_tokens, seq.num_known_tokens)   # a block's ids must all be known
+        bs, n = self.block_size, seq.num_computed_tokens
         if n // bs <= seq.num_cached_blocks: return      # no block completed since the last call (most steps)
+        n = min(n, seq.num_known_tokens)                 # a block is hashed once all its ids are known
         parent = self.blocks[seq.block_table[seq.num_cached_blocks - 1]].hash if seq.num_cached_blocks else None
         for i in range(seq.num_cached_blocks, n // bs):
             toks = tuple(seq.token_ids[i * bs:(i + 1) * bs])

@@ -230,30 +230,6 @@ class _Run:
 
     async def outputs(self):
         "Yield `(prompt_index, StepOutput)` as they come; on any early exit abort what is left."
-        items = self._one() if len(self.prompts) == 1 else self._merged()
-        try:
-            async for i, item in items:
-                if isinstance(item, Exception):
-                    raise APIError(str(item)) if isinstance(item, ValueError) else item
-                self._account(i, item)
-                yield i, item
-            self.outcome = "success" if len(self.done) == len(self.prompts) * self.params.n and \
-                not any(r == "abort" for r in self.finish_reasons.values()) else "aborted"
-        except APIError: self.outcome = "error"; raise
-        except BaseException: self.outcome = self.outcome or "aborted"; raise
-        finally:
-            await items.aclose()
-            for rid in self.rids: self.st.engine.abort(rid) if self.outcome != "success" else None
-            self._record()
-
-    async def _one(self):
-        "The one prompt's outputs, read straight from the engine; an error as an item."
-        try:
-            async for out in self.st.engine.generate(self.prompts[0], self.params, request_id=self.rids[0]): yield 0, out
-        except Exception as e: yield 0, e
-
-    async def _merged(self):
-        "Every prompt's outputs in the order they come, each prompt's request read by a task of its own; an error as an item."
         eng, q = self.st.engine, asyncio.Queue()
         async def pump(i, ids):
             try:
@@ -268,10 +244,19 @@ class _Run:
             while open_:
                 i, item = await q.get()
                 if item is None: open_ -= 1; continue
+                if isinstance(item, Exception):
+                    raise APIError(str(item)) if isinstance(item, ValueError) else item
+                self._account(i, item)
                 yield i, item
+            self.outcome = "success" if len(self.done) == len(self.prompts) * self.params.n and \
+                not any(r == "abort" for r in self.finish_reasons.values()) else "aborted"
+        except APIError: self.outcome = "error"; raise
+        except BaseException: self.outcome = self.outcome or "aborted"; raise
         finally:
             for t in tasks:
                 if not t.done(): t.cancel()
+            for rid in self.rids: eng.abort(rid) if self.outcome != "success" else None
+            self._record()
 
     def _account(self, i, out):
         if out.token_ids:
