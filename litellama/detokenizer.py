@@ -8,19 +8,26 @@ Docs: https://litellama.github.io/litellama/nbs/detokenizer.html.md"""
 __all__ = ['IncrementalDetokenizer']
 
 # %% ../nbs/10_detokenizer.ipynb #4c3ae150
+import itertools
 from .kv_cache import Sequence
+
+_stagger = itertools.count()   # spreads lazy detokenizers' chunks over different steps
 
 # %% ../nbs/10_detokenizer.ipynb #b25d6966
 class IncrementalDetokenizer:
     "Text of a sequence's output tokens, produced as deltas; holds back what a stop string may still claim."
+    LAZY_CHUNK = 16                              # held tokens a lazy detokenizer decodes at a time
+
     def __init__(self, tokenizer, prompt_ids, stop=(), skip_special_tokens=True, lazy=False):
         self.tok, self.stop, self.skip = tokenizer, list(stop), skip_special_tokens
-        self.lazy = lazy and not self.stop       # no deltas wanted, no stop strings: decode once, when finished
+        self.lazy = lazy and not self.stop       # no deltas wanted, no stop strings: decode in chunks, text at the end
         self._longest_stop = max((len(s) for s in self.stop), default=0)
         ctx = list(prompt_ids[-6:])
         self.ids, self.prefix, self.read = ctx, max(len(ctx) - 1, 0), len(ctx)
         self.text, self.emitted = "", 0          # full output text so far; chars of it released
         self.stopped = False
+        self._fed = len(ctx)                     # ids the token-by-token path has seen
+        self._due = len(ctx) + 1 + next(_stagger) % self.LAZY_CHUNK   # lazy: decode the held tokens when this many ids are in
         backend = getattr(tokenizer, "backend_tokenizer", None)     # the Rust tokenizer: same text, less Python per call
         self._fast = backend.decode if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False) else None
         self._stream = None
@@ -34,21 +41,31 @@ class IncrementalDetokenizer:
         if self._fast is not None: return self._fast(ids, skip_special_tokens=self.skip)
         return self.tok.decode(ids, skip_special_tokens=self.skip)
 
-    def _decode_held(self):
-        "Lazy: the text of all held tokens in one window; token by token instead where a character is cut (`�`)."
-        self.lazy = False
+    def _catch_up(self):
+        "Lazy: the text of the held tokens in one window; token by token instead where the window cuts a character (`�`)."
         before, whole = self._decode(self.ids[self.prefix:self.read]), self._decode(self.ids[self.prefix:])
         if "\ufffd" not in whole and "\ufffd" not in before:
-            self.text, self.prefix, self.read = whole[len(before):], len(self.ids), len(self.ids)
+            self.text += whole[len(before):]
+            self.prefix, self.read = len(self.ids) - 1, len(self.ids)   # as after emitting the window's last token
+            if self._stream is not None:
+                from tokenizers.decoders import DecodeStream
+                self._stream = DecodeStream(ids=self.ids[-6:], skip_special_tokens=self.skip)
         else:
-            held = self.ids[self.read:]; del self.ids[self.read:]
-            for t in held: self.add_token(t)
+            held = self.ids[self._fed:]; del self.ids[self._fed:]
+            for t in held: self.ids.append(t); self._step()
+        self._fed, self._due = len(self.ids), len(self.ids) + self.LAZY_CHUNK
 
     def add_token(self, token_id: int) -> bool:
         "Append one generated token; returns True when a stop string has been found (text is cut before it)."
         self.ids.append(token_id)
-        if self.lazy: return False
-        if self._stream is not None: piece = self._stream.step(self._backend, token_id)
+        if not self.lazy: return self._step()
+        if len(self.ids) >= self._due: self._catch_up()
+        return False
+
+    def _step(self) -> bool:
+        "Decode the last id of `ids` in its window; release the new text once it ends on a whole character."
+        self._fed = len(self.ids)
+        if self._stream is not None: piece = self._stream.step(self._backend, self.ids[-1])
         else:
             before = self._decode(self.ids[self.prefix:self.read])
             after = self._decode(self.ids[self.prefix:])
@@ -67,7 +84,7 @@ class IncrementalDetokenizer:
         "New text since the last call; while unfinished, keeps back a tail that could begin a stop string."
         if self.lazy:
             if not finished: return ""
-            self._decode_held()
+            self._catch_up(); self.lazy = False
         if finished and not self.stopped and self.read < len(self.ids):   # flush bytes that never completed a character
             self.text += self._decode(self.ids[self.prefix:])[len(self._decode(self.ids[self.prefix:self.read])):]
             self.prefix = self.read = len(self.ids)

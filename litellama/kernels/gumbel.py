@@ -23,7 +23,7 @@ def _mix32(h):
     h = h * 0xC2B2AE35
     return h ^ (h >> 16)
 
-@triton.jit(do_not_specialize=["V", "cols_per_split"])
+@triton.jit(do_not_specialize=["V", "cols_per_split", "temp_ptr", "seeds_ptr", "steps_ptr"])
 def _gumbel_argmax_kernel(logits_ptr, s_row, temp_ptr, seeds_ptr, steps_ptr, best_v_ptr, best_i_ptr, V, cols_per_split,
                           BLOCK: tl.constexpr):
     "Program `(r, s)`: the best `logit / T + gumbel` among columns `s·cols_per_split …` of row `r`, and where it is."
@@ -53,7 +53,7 @@ def _gumbel_argmax_kernel(logits_ptr, s_row, temp_ptr, seeds_ptr, steps_ptr, bes
     tl.store(best_i_ptr + r * tl.num_programs(1) + s, idx)
 
 # %% ../../kernels_nb/11_gumbel.ipynb #4c154306
-DEFAULTS = {"BLOCK": 1024, "min_cols": 8192, "programs_per_sm": 2, "num_warps": 4}
+DEFAULTS = {"BLOCK": 1024, "min_cols": 8192, "programs_per_sm": 16, "num_warps": 8}
 
 def _splits(rows: int, vocab: int, num_sms: int) -> int:
     "Pieces each row's vocabulary is cut into: enough programs to fill the GPU, none under `min_cols` columns."
