@@ -198,7 +198,7 @@ def merge_config(batch: int) -> dict:
     "The merge's launch: one warp per (sequence, head); 16 pieces read at a time for a few long sequences, 4 for many."
     return dict(BLOCK_S=16 if batch <= 16 else 4, num_warps=1)
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #42fea4c2
+# %% ../../kernels_nb/07_decode_attention.ipynb #d6892827
 COPY_GBPS = 4250  # H200 device-to-device copy, measured 2026-11-29 (benchmarks guide)
 
 def benchmark(device="cuda", timer=None) -> list:
