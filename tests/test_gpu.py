@@ -172,6 +172,9 @@ def test_fp8_kv_cache_kernels(dtype):
     kv_store.store_kv_cache(k, v, *mine, slots); ref.store_kv_cache(k, v, *want, slots)
     for a, b in zip(mine, want): assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     assert mine[0].float().abs().max().item() == 448.0
+    head_major = [torch.zeros(70, 8, 16, 128, device="cuda", dtype=fp8).transpose(1, 2) for _ in range(2)]   # the model runner's order
+    kv_store.store_kv_cache(k, v, *head_major, slots)
+    for a, b in zip(head_major, want): assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     seq_lens = [1, 17, 4096, 1000, 333]
     kc, vc, bt = paged(seq_lens, 8, 128, dtype)
     kc, vc = kc.to(fp8), vc.to(fp8)
@@ -302,7 +305,8 @@ def test_graph_timer_and_linear_sweep():
 @pytest.mark.parametrize("dtype", DT + [torch.float8_e4m3fn])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("T,Hq,Hk,D", [(1, 16, 8, 128), (777, 16, 8, 128), (300, 14, 2, 64)])
-def test_rope_and_store_kv(dtype, norm, T, Hq, Hk, D):
+@pytest.mark.parametrize("head_major", [False, True])
+def test_rope_and_store_kv(dtype, norm, T, Hq, Hk, D, head_major):
     "The fused norms + rotation + store: q close to the reference's, the cache's bytes the reference's (fp8: a bf16 model over an fp8 cache)."
     from litellama.kernels import rope
     act = torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
@@ -314,6 +318,7 @@ def test_rope_and_store_kv(dtype, norm, T, Hq, Hk, D):
     slots = torch.randperm(64 * 16, device="cuda")[:T]; slots[::7] = -1
     kc = torch.randn(64, 16, Hk, D, device="cuda").to(dtype); vc = torch.randn(64, 16, Hk, D, device="cuda").to(dtype)
     kc2, vc2 = kc.clone(), vc.clone()
+    if head_major: kc, vc = (c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (kc, vc))   # the model runner's order
     got, want = rope.rope_and_store_kv(pos, q, k, v, cache, kc, vc, slots, *w), ref.rope_and_store_kv(pos, q, k, v, cache, kc2, vc2, slots, *w)
     assert rel_err(got, want) < 1e-2
     bits = lambda x: x.view(torch.uint8) if x.dtype.itemsize == 1 else x.view(torch.int16)

@@ -62,7 +62,7 @@ def store_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
         H=H, D=D, BLOCK_H=bh, BLOCK_D=bd, FP8_MAX=reference.fp8_max(k_cache.dtype), **cfg)
 
-# %% ../../kernels_nb/05_kv_store.ipynb #799edb63
+# %% ../../kernels_nb/05_kv_store.ipynb #35e36456
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 KV_HEADS = ((8, 128), (8, 64), (2, 128))     # (Hk, D): Qwen3-0.6B / Llama-3-8B, head_dim 64, few KV heads
 

@@ -59,8 +59,8 @@ def store_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     slots = slot_mapping[keep].long()
     for x, cache in ((k, k_cache), (v, v_cache)):
         x = to_cache_dtype(x[keep], cache.dtype)
-        if cache.dtype.itemsize == 1: x, cache = x.view(torch.uint8), cache.view(torch.uint8)  # torch cannot index_copy_ fp8
-        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, x)
+        if cache.dtype.itemsize == 1: x, cache = x.view(torch.uint8), cache.view(torch.uint8)  # torch cannot index into fp8
+        cache[slots // cache.shape[1], slots % cache.shape[1]] = x    # in place, whatever order the cache is stored in
 
 def fp8_max(dtype: torch.dtype) -> float:
     "The largest finite value of an fp8 cache dtype; 0 for any other dtype."
@@ -122,8 +122,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if B == 0: return torch.empty_like(q)
     block_size, Hk = k_cache.shape[1], k_cache.shape[2]
     max_len = block_tables.shape[1] * block_size
-    k = k_cache[block_tables.long()].view(B, max_len, Hk, D).transpose(1, 2).float()
-    v = v_cache[block_tables.long()].view(B, max_len, Hk, D).transpose(1, 2).float()
+    k = k_cache[block_tables.long()].reshape(B, max_len, Hk, D).transpose(1, 2).float()
+    v = v_cache[block_tables.long()].reshape(B, max_len, Hk, D).transpose(1, 2).float()
     mask = (torch.arange(max_len, device=q.device)[None] < seq_lens.view(B, 1))[:, None, None]   # [B, 1, 1, max_len]
     out = F.scaled_dot_product_attention(q.float()[:, :, None], k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out[:, :, 0].to(q.dtype)
