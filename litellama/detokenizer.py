@@ -30,12 +30,15 @@ class IncrementalDetokenizer:
         self._due = len(ctx) + 1 + next(_stagger) % self.LAZY_CHUNK   # lazy: decode the held tokens when this many ids are in
         backend = getattr(tokenizer, "backend_tokenizer", None)     # the Rust tokenizer: same text, less Python per call
         self._fast = backend.decode if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False) else None
-        self._stream = None
-        if self._fast is not None:
-            try:
-                from tokenizers.decoders import DecodeStream
-                self._stream, self._backend = DecodeStream(ids=ctx or None, skip_special_tokens=skip_special_tokens), backend
-            except (ImportError, TypeError): pass                   # an older `tokenizers`: decode windows here instead
+        self._backend = backend
+        self._stream = self._open_stream(ctx) if self._fast is not None else None
+
+    def _open_stream(self, ctx):
+        "The Rust tokenizer's `DecodeStream`, continuing after the ids `ctx`; None with an older `tokenizers` (windows are decoded here instead)."
+        try:
+            from tokenizers.decoders import DecodeStream
+            return DecodeStream(ids=ctx or None, skip_special_tokens=self.skip)
+        except (ImportError, TypeError): return None
 
     def _decode(self, ids):
         if self._fast is not None: return self._fast(ids, skip_special_tokens=self.skip)
@@ -47,9 +50,7 @@ class IncrementalDetokenizer:
         if "\ufffd" not in whole and "\ufffd" not in before:
             self.text += whole[len(before):]
             self.prefix, self.read = len(self.ids) - 1, len(self.ids)   # as after emitting the window's last token
-            if self._stream is not None:
-                from tokenizers.decoders import DecodeStream
-                self._stream = DecodeStream(ids=self.ids[-6:], skip_special_tokens=self.skip)
+            if self._stream is not None: self._stream = self._open_stream(self.ids[-6:])
         else:
             held = self.ids[self._fed:]; del self.ids[self._fed:]
             for t in held: self.ids.append(t); self._step()
