@@ -78,7 +78,7 @@ class ContinuousBatchingEngine:
         self.runner = ModelRunner(model, config, block_size, num_kv_blocks, self.device, dtype, max_num_batched_tokens,
                                   kv_cache_memory, gpu_memory_utilization, KV_CACHE_DTYPES[kv_cache_dtype])
         log.log(logging.INFO if self.device.type == "cuda" else logging.DEBUG, f"KV cache: {self.runner.num_blocks} blocks of {block_size} tokens = {self.runner.capacity_tokens} tokens "
-                 f"({self.runner.kv_cache.numel() * self.runner.kv_cache.element_size() / 2**30:.2f} GiB, {self.runner.kv_cache.dtype}) on {self.device}")
+                 f"({self.runner.kv_cache.nbytes / 2**30:.2f} GiB, {self.runner.kv_cache.dtype}) on {self.device}")
         if self.device.type == "cuda" and not enforce_eager: self.runner.capture_cuda_graphs(max_num_seqs, self.max_model_len)
         self.block_manager = BlockManager(self.runner.num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)

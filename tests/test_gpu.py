@@ -172,24 +172,31 @@ def test_fp8_kv_cache_kernels(dtype):
     kv_store.store_kv_cache(k, v, *mine, slots); ref.store_kv_cache(k, v, *want, slots)
     for a, b in zip(mine, want): assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     assert mine[0].float().abs().max().item() == 448.0
-    head_major = [torch.zeros(70, 8, 16, 128, device="cuda", dtype=fp8).transpose(1, 2) for _ in range(2)]   # the model runner's order
-    kv_store.store_kv_cache(k, v, *head_major, slots)
-    for a, b in zip(head_major, want): assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    runner_order = [torch.zeros(70, 8, 16, 128, device="cuda", dtype=fp8).transpose(1, 2),        # the model runner's: K head-major,
+                    torch.zeros(70, 8, 128, 16, device="cuda", dtype=fp8).permute(0, 3, 1, 2)]    # V key-minor
+    kv_store.store_kv_cache(k, v, *runner_order, slots)
+    for a, b in zip(runner_order, want): assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     seq_lens = [1, 17, 4096, 1000, 333]
     kc, vc, bt = paged(seq_lens, 8, 128, dtype)
     kc, vc = kc.to(fp8), vc.to(fp8)
     sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
     q = torch.randn(len(seq_lens), 16, 128, device="cuda", dtype=dtype)
-    assert rel_err(da.decode_attention(q, kc, vc, sl, bt, 128 ** -0.5), ref.decode_attention(q, kc.float(), vc.float(), sl, bt, 128 ** -0.5)) < 2e-2
+    want = ref.decode_attention(q, kc.float(), vc.float(), sl, bt, 128 ** -0.5)
+    kh, vk = kc.transpose(1, 2).contiguous().transpose(1, 2), da.v_key_minor(vc)          # the model runner's order
+    assert da.fp8_words(q, kh, vk)[2] and not da.fp8_words(q, kc, vc)[2]
+    for kk, vv in ((kc, vc), (kh, vk)):                                                  # bytes, then int32 words
+        assert rel_err(da.decode_attention(q, kk, vv, sl, bt, 128 ** -0.5), want) < 2e-2
     q_lens = [1, 17, 300, 1000, 1]
     cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device="cuda")
     qp = torch.randn(sum(q_lens), 16, 128, device="cuda", dtype=dtype)
-    assert rel_err(pa.prefill_attention(qp, kc, vc, cu, sl, bt, 128 ** -0.5), ref.prefill_attention(qp, kc.float(), vc.float(), cu, sl, bt, 128 ** -0.5)) < 2e-2
+    want = ref.prefill_attention(qp, kc.float(), vc.float(), cu, sl, bt, 128 ** -0.5)
+    for kk, vv in ((kc, vc), (kh, vk)):
+        assert rel_err(pa.prefill_attention(qp, kk, vv, cu, sl, bt, 128 ** -0.5), want) < 2e-2
 
 @pytest.mark.parametrize("dtype", DT)
 def test_fp8_decode_wide_batch_words(dtype):
-    "A ragged batch of 200 over an fp8 cache reads K/V as int32 words (batch >= 128): planned, padded to a graph's 256, and replayed in a graph."
-    from litellama.kernels import prefill_attention as pa, decode_attention as da
+    "A ragged batch of 200 over an fp8 cache in the runner's order reads K/V as int32 words: planned, padded to a graph's 256, and replayed in a graph."
+    from litellama.kernels import decode_attention as da
     fp8 = torch.float8_e4m3fn
     g = np.random.default_rng(2)
     lens = (g.integers(100, 1025, 200) + g.integers(0, 513, 200)).tolist()
@@ -197,13 +204,15 @@ def test_fp8_decode_wide_batch_words(dtype):
     kc, vc = kc.to(fp8), vc.to(fp8)
     q = torch.randn(200, 16, 128, device="cuda", dtype=dtype)
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    assert da._config("cuda", dtype, 128, 200, fp8).get("words") and pa.fp8_cache_args(q, kc, vc, words=True)[2]["WORDS"]
     want = ref.decode_attention(q, kc.float(), vc.float(), sl, bt, 128 ** -0.5)
+    vt = vc                                                     # token-major V: read as bytes
+    vc = da.v_key_minor(vc)                                     # the model runner's order: int32 words
+    assert da.fp8_words(q, kc, vc)[2]
     on_gpu = lambda plan: [torch.from_numpy(a).cuda() for a in plan]
     planner = da.SplitPlanner(8, 128, dtype, "cuda", fp8)
     for plan in (planner(lens), planner(lens, pad_to_batch=256)):
         assert rel_err(da.decode_attention(q, kc, vc, sl, bt, 128 ** -0.5, splits=on_gpu(plan)), want) < 2e-2
-    assert rel_err(da.decode_attention(q[:100], kc, vc, sl[:100], bt[:100], 128 ** -0.5), want[:100]) < 2e-2  # bytes
+    assert rel_err(da.decode_attention(q[:100], kc, vt, sl[:100], bt[:100], 128 ** -0.5), want[:100]) < 2e-2  # bytes
     rows, cu = on_gpu(planner(lens, pad_to_batch=256))
     q256, sl256 = torch.zeros(256, 16, 128, device="cuda", dtype=dtype), torch.zeros(256, dtype=torch.int32, device="cuda")
     bt256 = torch.zeros(256, bt.shape[1], dtype=bt.dtype, device="cuda")
@@ -305,8 +314,8 @@ def test_graph_timer_and_linear_sweep():
 @pytest.mark.parametrize("dtype", DT + [torch.float8_e4m3fn])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("T,Hq,Hk,D", [(1, 16, 8, 128), (777, 16, 8, 128), (300, 14, 2, 64)])
-@pytest.mark.parametrize("head_major", [False, True])
-def test_rope_and_store_kv(dtype, norm, T, Hq, Hk, D, head_major):
+@pytest.mark.parametrize("layout", ["token-major", "head-major", "runner"])
+def test_rope_and_store_kv(dtype, norm, T, Hq, Hk, D, layout):
     "The fused norms + rotation + store: q close to the reference's, the cache's bytes the reference's (fp8: a bf16 model over an fp8 cache)."
     from litellama.kernels import rope
     act = torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
@@ -318,7 +327,8 @@ def test_rope_and_store_kv(dtype, norm, T, Hq, Hk, D, head_major):
     slots = torch.randperm(64 * 16, device="cuda")[:T]; slots[::7] = -1
     kc = torch.randn(64, 16, Hk, D, device="cuda").to(dtype); vc = torch.randn(64, 16, Hk, D, device="cuda").to(dtype)
     kc2, vc2 = kc.clone(), vc.clone()
-    if head_major: kc, vc = (c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (kc, vc))   # the model runner's order
+    if layout != "token-major": kc, vc = (c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (kc, vc))
+    if layout == "runner": vc = vc.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)   # an fp8 cache's V: key-minor
     got, want = rope.rope_and_store_kv(pos, q, k, v, cache, kc, vc, slots, *w), ref.rope_and_store_kv(pos, q, k, v, cache, kc2, vc2, slots, *w)
     assert rel_err(got, want) < 1e-2
     bits = lambda x: x.view(torch.uint8) if x.dtype.itemsize == 1 else x.view(torch.int16)

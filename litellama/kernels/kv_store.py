@@ -22,7 +22,7 @@ def to_cache(x, cache_ptr, FP8_MAX: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_tokens"])
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, n_tokens, block_size,
-                     sk_t, sk_h, sv_t, sv_h, skc_b, skc_s, skc_h, svc_b, svc_s, svc_h,
+                     sk_t, sk_h, sv_t, sv_h, skc_b, skc_s, skc_h, skc_d, svc_b, svc_s, svc_h, svc_d,
                      H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
                      FP8_MAX: tl.constexpr):
     "Copy `k`, `v` of `ROWS` tokens `[H, D]` each into the cache slots `slot_mapping[t]`, skipping negative slots."
@@ -33,9 +33,9 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, n_tokens, block_siz
     toks, blk, off = toks.to(tl.int64), slot // block_size, slot % block_size
     h, d = h[None, :, None], d[None, None, :]
     k = tl.load(k_ptr + (toks * sk_t)[:, None, None] + h * sk_h + d, mask=mask)
-    tl.store(kc_ptr + (blk * skc_b + off * skc_s)[:, None, None] + h * skc_h + d, to_cache(k, kc_ptr, FP8_MAX), mask=mask)
+    tl.store(kc_ptr + (blk * skc_b + off * skc_s)[:, None, None] + h * skc_h + d * skc_d, to_cache(k, kc_ptr, FP8_MAX), mask=mask)
     v = tl.load(v_ptr + (toks * sv_t)[:, None, None] + h * sv_h + d, mask=mask)
-    tl.store(vc_ptr + (blk * svc_b + off * svc_s)[:, None, None] + h * svc_h + d, to_cache(v, vc_ptr, FP8_MAX), mask=mask)
+    tl.store(vc_ptr + (blk * svc_b + off * svc_s)[:, None, None] + h * svc_h + d * svc_d, to_cache(v, vc_ptr, FP8_MAX), mask=mask)
 
 # %% ../../kernels_nb/05_kv_store.ipynb #96a03d8b
 DEFAULTS = {"tile": 4096, "max_rows": 32, "min_programs": 264, "num_warps": 4}
@@ -52,14 +52,13 @@ def store_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     T, H, D = k.shape
     assert v.shape == k.shape and slot_mapping.shape == (T,), "k, v [T, Hk, D] and slot_mapping [T]"
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (H, D), f"caches {tuple(k_cache.shape)} do not hold [.., .., {H}, {D}]"
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "the caches' last dimension must be contiguous"
     if T == 0: return
     k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
     bh, bd = triton.next_power_of_2(H), triton.next_power_of_2(D)
     cfg = _config(bh * bd, T)
     _store_kv_kernel[(triton.cdiv(T, cfg["ROWS"]),)](
         k, v, k_cache, v_cache, slot_mapping, T, k_cache.shape[1],
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride(), *v_cache.stride(),
         H=H, D=D, BLOCK_H=bh, BLOCK_D=bd, FP8_MAX=reference.fp8_max(k_cache.dtype), **cfg)
 
 # %% ../../kernels_nb/05_kv_store.ipynb #35e36456

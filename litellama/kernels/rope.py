@@ -36,16 +36,16 @@ def _rotate_heads(x_ptr, toks, tmask, s_t, s_h, cos, sin, w_ptr, eps,
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin, mask, h, d
 
 @triton.jit
-def _store_heads(o_ptr, rows, s_h, y1, y2, mask, h, d, HALF: tl.constexpr, FP8_MAX: tl.constexpr):
-    "Write halves `y1`, `y2` of each head to `o` at token offsets `rows` and head stride `s_h`; an fp8 `o` saturates."
-    o = o_ptr + rows[:, None, None] + (h * s_h)[None, :, None] + d[None, None, :]
+def _store_heads(o_ptr, rows, s_h, s_d, y1, y2, mask, h, d, HALF: tl.constexpr, FP8_MAX: tl.constexpr):
+    "Write halves `y1`, `y2` of each head to `o` at token offsets `rows`, head stride `s_h`, element stride `s_d`; an fp8 `o` saturates."
+    o = o_ptr + rows[:, None, None] + (h * s_h)[None, :, None] + (d * s_d)[None, None, :]
     tl.store(o, to_cache(y1, o_ptr, FP8_MAX), mask=mask)   # `05_kv_store.ipynb`
-    tl.store(o + HALF, to_cache(y2, o_ptr, FP8_MAX), mask=mask)
+    tl.store(o + HALF * s_d, to_cache(y2, o_ptr, FP8_MAX), mask=mask)
 
 # %% ../../kernels_nb/03_rope.ipynb #a84f415f
 @triton.jit(do_not_specialize=["n_tokens"])
 def _rope_kernel(pos_ptr, cs_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, qo_ptr, ko_ptr, vo_ptr, slot_ptr, eps, n_tokens, s_cs,
-                 sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, block_size, so_b, so_s, so_h,
+                 sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, block_size, sko_b, sko_s, sko_h, sko_d, svo_b, svo_s, svo_h, svo_d,
                  HQ: tl.constexpr, HK: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
                  HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
                  STORE: tl.constexpr, FP8_MAX: tl.constexpr):
@@ -61,25 +61,26 @@ def _rope_kernel(pos_ptr, cs_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, qo_ptr, k
     sin = tl.load(cs + HALF, mask=cmask, other=0.).to(tl.float32)[:, None, :]
     toks = toks.to(tl.int64)                                  # offsets of huge tensors overflow int32
     y1, y2, mask, h, d3 = _rotate_heads(q_ptr, toks, tmask, sq_t, sq_h, cos, sin, qw_ptr, eps, HQ, BLOCK_HQ, HALF, BLOCK_HALF, NORM)
-    _store_heads(qo_ptr, toks * (HQ * 2 * HALF), 2 * HALF, y1, y2, mask, h, d3, HALF, 0.0)
+    _store_heads(qo_ptr, toks * (HQ * 2 * HALF), 2 * HALF, 1, y1, y2, mask, h, d3, HALF, 0.0)
     if STORE:
         slot = tl.load(slot_ptr + toks, mask=tmask, other=-1).to(tl.int64)
         kmask = slot >= 0
-        rows = slot // block_size * so_b + slot % block_size * so_s
-        head_stride = so_h
+        blk, in_blk = slot // block_size, slot % block_size
+        rows = blk * sko_b + in_blk * sko_s
+        head_stride, d_stride = sko_h, sko_d
     else:
         kmask = tmask
         rows = toks * (HK * 2 * HALF)
-        head_stride = 2 * HALF
+        head_stride, d_stride = 2 * HALF, 1
     y1, y2, mask, h, d3 = _rotate_heads(k_ptr, toks, kmask, sk_t, sk_h, cos, sin, kw_ptr, eps, HK, BLOCK_HK, HALF, BLOCK_HALF, NORM)
     if FP8_MAX > 0:  # round to k's dtype first, as the unfused path stores a rotated `k` of that dtype
         y1, y2 = y1.to(k_ptr.dtype.element_ty), y2.to(k_ptr.dtype.element_ty)
-    _store_heads(ko_ptr, rows, head_stride, y1, y2, mask, h, d3, HALF, FP8_MAX)
+    _store_heads(ko_ptr, rows, head_stride, d_stride, y1, y2, mask, h, d3, HALF, FP8_MAX)
     if STORE:  # v: copied into the cache as it is
         off = (toks * sv_t)[:, None, None] + (h * sv_h)[None, :, None] + d3[None, None, :]
         v1 = tl.load(v_ptr + off, mask=mask, other=0.)
         v2 = tl.load(v_ptr + off + HALF, mask=mask, other=0.)
-        _store_heads(vo_ptr, rows, head_stride, v1, v2, mask, h, d3, HALF, FP8_MAX)
+        _store_heads(vo_ptr, blk * svo_b + in_blk * svo_s, svo_h, svo_d, v1, v2, mask, h, d3, HALF, FP8_MAX)
 
 # %% ../../kernels_nb/03_rope.ipynb #b052c2c4
 DEFAULTS = {"tile": 4096, "max_rows": 32, "min_programs": 264, "num_warps": 4}
@@ -106,7 +107,8 @@ def _rope(positions, q, k, cos_sin_cache, k_dst, v=None, v_cache=None, slot_mapp
     _rope_kernel[(triton.cdiv(T, cfg["ROWS"]),)](
         positions, cs, q, k, v if store else k, qw, kw, q_out, k_dst, v_cache if store else k_dst,
         slot_mapping if store else positions, eps, T, cs.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        *(v.stride()[:2] if store else (0, 0)), k_dst.shape[1] if store else 1, *(k_dst.stride()[:3] if store else (0, 0, 0)),
+        *(v.stride()[:2] if store else (0, 0)), k_dst.shape[1] if store else 1,
+        *(k_dst.stride() if store else (0, 0, 0, 1)), *(v_cache.stride() if store else (0, 0, 0, 1)),
         HQ=Hq, HK=Hk, BLOCK_HQ=bq, BLOCK_HK=bk, HALF=D // 2, BLOCK_HALF=bd, NORM=weights is not None, STORE=store,
         FP8_MAX=reference.fp8_max(k_dst.dtype), **cfg)
     return q_out
@@ -125,7 +127,6 @@ def rope_and_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     T, Hk, D = k.shape
     assert v.shape == k.shape and slot_mapping.shape == (T,), "k, v [T, Hk, D] and slot_mapping [T]"
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (Hk, D), f"caches {tuple(k_cache.shape)} do not hold [.., .., {Hk}, {D}]"
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1, "k_cache and v_cache must share one layout, last dimension contiguous"
     assert (q_weight is None) == (k_weight is None), "give both q and k norm weights, or neither"
     weights = None if q_weight is None else (q_weight, k_weight)
     return _rope(positions, q, k, cos_sin_cache, k_cache, v, v_cache, slot_mapping, weights, eps)

@@ -85,10 +85,11 @@ class CausalLM(nn.Module):
         hidden = self.model(mi)[mi.logits_indices]
         return linear(hidden, self.lm_head.weight)
 
-    def bind_kv_cache(self, kv_cache: torch.Tensor):
-        "Give each layer its views of the `[layers, 2, num_blocks, block_size, Hk, D]` cache."
-        for layer, kv in zip(self.model.layers, kv_cache):
-            layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = kv[0], kv[1]
+    def bind_kv_cache(self, kv_cache):
+        """Give each layer its `(k_cache, v_cache)`, each `[num_blocks, block_size, Hk, D]`: `kv_cache` yields one pair per
+        layer (the model runner's `PagedKVCache`, or a `[layers, 2, num_blocks, block_size, Hk, D]` tensor)."""
+        for layer, (k, v) in zip(self.model.layers, kv_cache):
+            layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = k, v
 
 # %% ../../nbs/04_models.ipynb #052025cb
 def _route(model, name: str):
