@@ -163,7 +163,7 @@ def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_T
                          stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_oh, stride_od, stride_bt,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
-                         FP8: tl.constexpr = False, WORDS: tl.constexpr = False):
+                         FP8: tl.constexpr = False, WORDS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False):
     "One piece of one sequence's keys for all the query heads of one kv head: a partial softmax, or the output."
     piece, kv_head = tl.program_id(0), tl.program_id(1)
     seq = tl.load(SPLITS + piece * 3).to(tl.int32)
@@ -200,11 +200,11 @@ def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_T
         for n in range(start, full_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
                                          stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d,
-                                         PAGE, BLOCK_N, False, DOT_PREC)
+                                         PAGE, BLOCK_N, False, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT)
         for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
                                          stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d,
-                                         PAGE, BLOCK_N, True, DOT_PREC)
+                                         PAGE, BLOCK_N, True, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT)
     if (start == 0) & (end == seq_len):  # the sequence's only piece
         out = acc / l_i[:, None]
         tl.store(O + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
@@ -270,7 +270,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             scale * math.log2(math.e), *q.stride(), *kc.stride(), *vc.stride(), *out.stride(), block_tables.stride(0),
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, PAGE=page,
             BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            FP16_DOT=fp8 and q.dtype == torch.bfloat16, FP8=fp8, WORDS=words,
+            FP16_DOT=fp8 and q.dtype == torch.bfloat16, FP8=fp8, WORDS=words, SAME_LAYOUT=kc.stride() == vc.stride(),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), HEAD_DIM=D, **merge_config(B))
     return out

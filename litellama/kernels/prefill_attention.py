@@ -42,10 +42,10 @@ def _config(device_type: str, dtype: torch.dtype, head_dim: int, max_seqlen_q: i
 def _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
                  stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d,
                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr,
-                 ACC_T: tl.constexpr = False, V_COLS: tl.constexpr = False):
+                 ACC_T: tl.constexpr = False, V_COLS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False):
     """Fold keys `start .. start + BLOCK_N` of one sequence into the running `(acc, m_i, l_i)` of queries `q`;
     with `ACC_T` the accumulator is held transposed, `[HEAD_DIM, rows]`; with `V_COLS` V's tile is read as columns,
-    `[HEAD_DIM, BLOCK_N]` (V stored key-minor)."""
+    `[HEAD_DIM, BLOCK_N]` (V stored key-minor); with `SAME_LAYOUT` V has K's strides and reuses K's offsets."""
     offs_n = start + tl.arange(0, BLOCK_N)
     if PAGE >= BLOCK_N:  # the whole tile sits in one cache block
         blk = tl.load(table + start // PAGE).to(tl.int64)
@@ -74,7 +74,7 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_bas
             vt = tl.load(v_base + offs)
         acc = tl.dot(p.to(q.dtype), tl.trans(vt.to(q.dtype)), acc * alpha[:, None], input_precision=DOT_PREC)
     else:
-        offs = (blk * stride_vb + (offs_n % PAGE) * stride_vs)[:, None] + offs_d[None, :] * stride_vd
+        if not SAME_LAYOUT: offs = (blk * stride_vb + (offs_n % PAGE) * stride_vs)[:, None] + offs_d[None, :] * stride_vd
         if MASKED:
             v = tl.load(v_base + offs, mask=(offs_n < seq_len)[:, None], other=0.0)
         else:
@@ -92,7 +92,7 @@ def _prefill_kernel(Q, K, V, O, CU_Q, SEQ_LENS, BLOCK_TABLES, qk_scale, num_seqs
                     stride_vb, stride_vs, stride_vh, stride_vd, stride_ot, stride_oh, stride_od, stride_bt,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
-                    ACC_T: tl.constexpr = False, V_COLS: tl.constexpr = False):
+                    ACC_T: tl.constexpr = False, V_COLS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False):
     "One query tile of one sequence, one query head: causal attention over the sequence's paged K/V."
     head = tl.program_id(0)
     slot = num_slots - 1 - tl.program_id(1)  # longest tiles first
@@ -130,11 +130,11 @@ def _prefill_kernel(Q, K, V, O, CU_Q, SEQ_LENS, BLOCK_TABLES, qk_scale, num_seqs
     for start in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
                                      stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d,
-                                     PAGE, BLOCK_N, False, DOT_PREC, ACC_T, V_COLS)
+                                     PAGE, BLOCK_N, False, DOT_PREC, ACC_T, V_COLS, SAME_LAYOUT)
     for start in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
                                      stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d,
-                                     PAGE, BLOCK_N, True, DOT_PREC, ACC_T, V_COLS)
+                                     PAGE, BLOCK_N, True, DOT_PREC, ACC_T, V_COLS, SAME_LAYOUT)
     if ACC_T: acc = tl.trans(acc)
     out = acc / l_i[:, None]
     tl.store(O + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
@@ -157,11 +157,12 @@ def widen_fp8_words(w, ROWS: tl.constexpr, COLS: tl.constexpr):
     return tl.reshape(tl.join(a, b), [ROWS, COLS])  # byte i of word j is value 4j + i
 
 def cache_args(q, k_cache, v_cache) -> dict:
-    """The kernel's switches for these caches: `V_COLS`, read V's tiles as columns (V stored key-minor); and for an fp8
-    cache `FP16_DOT`, multiply in float16 (bfloat16 queries), and `ACC_T`, hold the accumulator transposed (V not
-    key-minor)."""
+    """The kernel's switches for these caches: `V_COLS`, read V's tiles as columns (V stored key-minor);
+    `SAME_LAYOUT`, V stored as K is (its tiles' offsets are K's); and for an fp8 cache `FP16_DOT`, multiply in float16
+    (bfloat16 queries), and `ACC_T`, hold the accumulator transposed (V not key-minor)."""
     fp8, v_cols = k_cache.dtype == torch.float8_e4m3fn, v_cache.stride(1) == 1 and v_cache.stride(3) != 1
-    return dict(FP16_DOT=fp8 and q.dtype == torch.bfloat16, ACC_T=fp8 and not v_cols, V_COLS=v_cols)
+    return dict(FP16_DOT=fp8 and q.dtype == torch.bfloat16, ACC_T=fp8 and not v_cols, V_COLS=v_cols,
+                SAME_LAYOUT=k_cache.stride() == v_cache.stride())
 
 def check_paged_args(q, k_cache, v_cache):
     "Check the layouts both attention kernels rely on; returns `(block_size, num_kv_heads)`."
