@@ -106,7 +106,7 @@ def fp8_words(q, k_cache, v_cache) -> tuple:
     if not _reads_words(q, k_cache, v_cache): return k_cache, v_cache, False
     return k_cache.view(torch.int32), v_cache.permute(0, 2, 3, 1).view(torch.int32).permute(0, 3, 1, 2), True
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #7ca1a94b
+# %% ../../kernels_nb/07_decode_attention.ipynb #9f07a1fb
 @triton.jit
 def _fp8_blocks(table, start, seq_len, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, WORDS: tl.constexpr):
     """The cache blocks of keys `start .. start + BLOCK_N`: one per key (K's rows) and one per V column — a word of
@@ -156,7 +156,7 @@ def _fp8_tile(acc, m_i, l_i, q, qk_scale, start, seq_len, k_blocks, v_blocks, k_
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=DOT_PREC)
     return acc, m_new, l_i
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #9f07a1fb
+# %% ../../kernels_nb/07_decode_attention.ipynb #dab9d4b6
 @triton.jit(do_not_specialize=["SEQ_LENS", "BLOCK_TABLES", "SPLITS", "stride_bt"])
 def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_TABLES, SPLITS, qk_scale,
                          stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
@@ -215,7 +215,7 @@ def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_T
         tl.store(L_PART + part, l_i, mask=offs_g < GROUP)
         tl.store(ACC_PART + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok)
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #dab9d4b6
+# %% ../../kernels_nb/07_decode_attention.ipynb #6d67c4e4
 @triton.jit(do_not_specialize=["CU_SPLITS"])
 def _decode_merge_kernel(O, M_PART, L_PART, ACC_PART, CU_SPLITS, stride_ob, stride_oh, stride_od,
                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
@@ -241,7 +241,7 @@ def _decode_merge_kernel(O, M_PART, L_PART, ACC_PART, CU_SPLITS, stride_ob, stri
     out = tl.sum(acc, 0) / tl.maximum(tl.sum(den, 0), 1e-30)  # no pieces: 0 / tiny = 0
     tl.store(O + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d * stride_od, out.to(O.dtype.element_ty))
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #6d67c4e4
+# %% ../../kernels_nb/07_decode_attention.ipynb #ded8e211
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
                      block_tables: torch.Tensor, scale: float, *, splits: tuple | None = None) -> torch.Tensor:
     """Attention of one query per sequence, `q` `[B, Hq, D]`, over its paged K/V; see `reference.decode_attention`.
@@ -279,7 +279,7 @@ def merge_config(batch: int) -> dict:
     "The merge's launch: one warp per (sequence, head); 16 pieces read at a time for a few long sequences, 4 for many."
     return dict(BLOCK_S=16 if batch <= 16 else 4, num_warps=1)
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #aa004a2c
+# %% ../../kernels_nb/07_decode_attention.ipynb #7b61a353
 COPY_GBPS = 4250  # H200 device-to-device copy, measured 2026-11-29 (benchmarks guide)
 
 def benchmark(device="cuda", timer=None) -> list:
