@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 from . import autotune
-from .prefill_attention import _attend_tile, as_fp16, check_paged_args, random_paged_kv, widen_fp8_words
+from .prefill_attention import _attend_tile, as_fp16, cache_args, check_paged_args, random_paged_kv, widen_fp8_words
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #4d8c9fea
 DEFAULTS = {
@@ -270,7 +270,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             scale * math.log2(math.e), *q.stride(), *kc.stride(), *vc.stride(), *out.stride(), block_tables.stride(0),
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, PAGE=page,
             BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            FP16_DOT=fp8 and q.dtype == torch.bfloat16, FP8=fp8, WORDS=words, SAME_LAYOUT=kc.stride() == vc.stride(),
+            FP8=fp8, WORDS=words, **{k: v for k, v in cache_args(q, k_cache, v_cache).items() if k in ("FP16_DOT", "SAME_LAYOUT")},
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), HEAD_DIM=D, **merge_config(B))
     return out

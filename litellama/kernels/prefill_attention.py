@@ -157,7 +157,7 @@ def widen_fp8_words(w, ROWS: tl.constexpr, COLS: tl.constexpr):
     return tl.reshape(tl.join(a, b), [ROWS, COLS])  # byte i of word j is value 4j + i
 
 def cache_args(q, k_cache, v_cache) -> dict:
-    """The kernel's switches for these caches: `V_COLS`, read V's tiles as columns (V stored key-minor);
+    """The attention kernels' switches for these caches (decode takes `FP16_DOT` and `SAME_LAYOUT`): `V_COLS`, read V's tiles as columns (V stored key-minor);
     `SAME_LAYOUT`, V stored as K is (its tiles' offsets are K's); and for an fp8 cache `FP16_DOT`, multiply in float16
     (bfloat16 queries), and `ACC_T`, hold the accumulator transposed (V not key-minor)."""
     fp8, v_cols = k_cache.dtype == torch.float8_e4m3fn, v_cache.stride(1) == 1 and v_cache.stride(3) != 1
