@@ -1,7 +1,8 @@
 """Same-session A/B of two package trees on the GPU, each measurement in a fresh process:
-workload 2 (bf16 and fp8 KV cache) and batch-1 TPOT after a 128-token prompt, on the random Qwen3-0.6B shape.
+workload 2 (bf16 and fp8 KV cache) and batch-1 TPOT after a 128-token prompt, on the random Qwen3-0.6B shape;
+with --kernels also each tree's kernel suite (`bench.kernel_suite()`), once.
 
-    PYTHONPATH=. python3 benchmarks_nb/gpu/ab.py OUT NAME=TREE NAME=TREE [--rounds N]
+    PYTHONPATH=. python3 benchmarks_nb/gpu/ab.py OUT NAME=TREE NAME=TREE [--rounds N] [--kernels]
 """
 import json, os, subprocess, sys, time
 from pathlib import Path
@@ -12,6 +13,8 @@ from litellama.checkpoints import make_random_checkpoint
 from litellama.llm import LLM
 from litellama import bench
 kv, path = sys.argv[1], sys.argv[2]
+if kv == "kernels":
+    print("RESULT " + json.dumps(dict(kv=kv, kernels=bench.kernel_suite())), flush=True); raise SystemExit
 llm = LLM(path, dtype="bfloat16", device="cuda", kv_cache_dtype=kv)
 out = dict(kv=kv, w2=bench.workload2(llm))
 if kv == "auto": out["w3"] = bench.workload3(llm, prompt_lens=(128,), gen=128, repeats=5)
@@ -39,7 +42,7 @@ def main():
     rows = []
     for rnd in range(rounds):
         order = list(trees.items()) if rnd % 2 == 0 else list(trees.items())[::-1]
-        for kv in ("auto", "fp8"):
+        for kv in ("auto", "fp8") + (("kernels",) if "--kernels" in sys.argv and rnd == 0 else ()):
             for name, tree in order:
                 res = dict(tree=name, round=rnd, **run(tree, kv, path)); rows.append(res)
                 w2 = res.get("w2", {}).get("tok_s"); w3 = (res.get("w3") or [{}])[0].get("tpot_ms")
