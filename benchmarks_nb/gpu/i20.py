@@ -6,7 +6,7 @@ random-weight 30B-A3B model through the engine with CUDA graphs, and HF transfor
     PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/i20.py OUT_DIR --dry-run   # tiny shapes, CPU
 
 Writes OUT_DIR/i20.json and prints a table. Every part is guarded: a failure is recorded and the next part runs."""
-import json, os, subprocess, sys, time, traceback
+import gc, json, os, subprocess, sys, time, traceback
 from datetime import datetime, timezone
 
 DRY = "--dry-run" in sys.argv
@@ -59,6 +59,7 @@ def part(name):
         except Exception as e:
             res["errors"][name] = f"{type(e).__name__}: {e}"; traceback.print_exc()
         res.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t, 2)
+        gc.collect()
         if DEV == "cuda": torch.cuda.empty_cache()
         return fn
     return deco

@@ -228,9 +228,9 @@ def _moe_down_kernel(h_ptr, w_ptr, ws_ptr, tw_ptr, out_ptr, sorted_ptr, bexp_ptr
     y = acc.to(DT).to(tl.float32) * tw[:, None]
     tl.store(out_ptr + rows[:, None] * H + rn[None, :], y.to(DT), mask=m_mask[:, None] & n_mask[None, :])
 
-# %% ../../kernels_nb/14_fused_moe.ipynb #e5e3bac9
+# %% ../../kernels_nb/14_fused_moe.ipynb #22cfec38
 DEFAULTS = {
-    "decode":    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),
+    "decode":    dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),
     "prefill":   dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=3),
     "interpret": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, DOWN_BLOCK_N=32, num_warps=1, num_stages=1),
 }
