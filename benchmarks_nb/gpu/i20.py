@@ -182,7 +182,7 @@ def _():
     sync(); setup_s = time.perf_counter() - t
     runs = []
     for seed in range(3):                                          # the first warms up
-        prompt = torch.randint(0, 10000, (PROMPT,), generator=torch.Generator().manual_seed(seed)).tolist()
+        prompt = torch.randint(0, min(10000, cfg.vocab_size), (PROMPT,), generator=torch.Generator().manual_seed(seed)).tolist()
         eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=GEN, ignore_eos=True))
         times = []
         while eng.has_unfinished_requests():
@@ -201,7 +201,7 @@ def _():
     t = time.perf_counter()
     with torch.device(DEV): hf = AutoModelForCausalLM.from_config(cfg, dtype=DT)
     hf.eval(); sync(); build_s = time.perf_counter() - t
-    ids = torch.randint(0, 10000, (1, PROMPT), device=DEV)
+    ids = torch.randint(0, min(10000, cfg.vocab_size), (1, PROMPT), device=DEV)
     n = 4 if DRY else 16
     with torch.inference_mode():
         hf.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)   # warm up
