@@ -61,10 +61,10 @@ BACKENDS = {
 PRIORITY = ("triton", "torch")
 
 # %% ../../kernels_nb/01_registry.ipynb #f3e1a20c
-# sparse MLP blocks (Qwen3-MoE): the grouped expert kernels of 14_fused_moe and their per-expert-loop reference
-OPS = OPS + ("fused_moe",)
-BACKENDS["triton"].impls["fused_moe"] = _K + "fused_moe:fused_moe"
-BACKENDS["torch"].impls["fused_moe"] = _K + "fused_moe:fused_moe_reference"
+# sparse MLP blocks (Qwen3-MoE): routing and the grouped expert kernels of 14_fused_moe, and their references
+OPS = OPS + ("moe_topk", "fused_moe")
+BACKENDS["triton"].impls.update(moe_topk=_K + "fused_moe:topk_softmax", fused_moe=_K + "fused_moe:fused_moe")
+BACKENDS["torch"].impls.update(moe_topk=_K + "fused_moe:moe_topk", fused_moe=_K + "fused_moe:fused_moe_reference")
 
 # %% ../../kernels_nb/01_registry.ipynb #59fe5bd5
 def _env_choice(op):

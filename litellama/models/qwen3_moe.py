@@ -8,10 +8,9 @@ Docs: https://litellama.github.io/litellama/nbs/qwen3_moe.html.md"""
 __all__ = ['num_experts', 'is_sparse_layer', 'FusedMoE', 'SparseMoeBlock', 'fp8_block_size', 'Qwen3MoeForCausalLM',
            'random_model']
 
-# %% ../../nbs/04b_qwen3_moe.ipynb #1ea6081d
+# %% ../../nbs/04b_qwen3_moe.ipynb #1924fadd
 import torch
 from torch import nn
-from ..kernels.fused_moe import moe_topk
 from ..kernels.registry import ops
 from ..layers import Linear
 from .decoder import CausalLM
@@ -73,7 +72,7 @@ class FusedMoE(nn.Module):
         scales = (self.gate_up_proj_scale_inv, self.down_proj_scale_inv) if self.fp8_block else (None, None)
         return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, *scales, self.fp8_block or 128)
 
-# %% ../../nbs/04b_qwen3_moe.ipynb #782d6269
+# %% ../../nbs/04b_qwen3_moe.ipynb #db6fd48c
 class SparseMoeBlock(nn.Module):
     "Router `gate [E, H]` + top-k + `FusedMoE` experts: Qwen3-MoE's `mlp` on a sparse layer."
     def __init__(self, config, dtype=None, device=None, fp8_block: int | None = None):
@@ -85,7 +84,7 @@ class SparseMoeBlock(nn.Module):
         self.experts = FusedMoE(E, H, config.moe_intermediate_size, dtype, device, fp8_block)
 
     def forward(self, x):
-        topk_weights, topk_ids = moe_topk(self.gate(x), self.top_k, self.renormalize)
+        topk_weights, topk_ids = ops.moe_topk(self.gate(x), self.top_k, self.renormalize)
         return self.experts(x, topk_weights, topk_ids)
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #697fefc6
