@@ -188,7 +188,7 @@ def _():
     model = random_model(cfg, DT, DEV, seed=0)
     sync(); build_s = time.perf_counter() - t
     t = time.perf_counter()
-    eng = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=1, max_model_len=256,
+    eng = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=1, max_model_len=256, max_num_batched_tokens=256,
                                    num_kv_blocks=64, enable_prefix_caching=False)
     sync(); setup_s = time.perf_counter() - t
     runs = []
