@@ -70,6 +70,12 @@ BACKENDS = {
 }
 PRIORITY = ("triton", "torch")
 
+# %% ../../kernels_nb/01_registry.ipynb #f3e1a20c
+# sparse MLP blocks (Qwen3-MoE): routing and the grouped expert kernels of 14_fused_moe, and their references
+OPS = OPS + ("moe_topk", "fused_moe")
+BACKENDS["triton"].impls.update(moe_topk=_K + "fused_moe:topk_softmax", fused_moe=_K + "fused_moe:fused_moe")
+BACKENDS["torch"].impls.update(moe_topk=_K + "fused_moe:moe_topk", fused_moe=_K + "fused_moe:fused_moe_reference")
+
 # %% ../../kernels_nb/01_registry.ipynb #59fe5bd5
 def _env_choice(op):
     "The backend forced for `op` by the environment, and the variable that forced it."
