@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.7.1
 export TRITON_INTERPRET ?= 1
 
-.PHONY: demo test export check-sync nbtest pytest docs clean
+.PHONY: demo test export check-sync nbtest pytest browser docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,19 @@ check-sync: $(VENV)/.dev
 nbtest: $(VENV)/.dev
 	$(BIN)/nbdev-test --n-workers 2 --timing
 
-pytest: $(VENV)/.dev
+# The browser tests (tests/test_browser.py) drive Debian's chromium and fail without it: installed here when missing.
+CHROMIUM ?= $(or $(LITELLAMA_CHROMIUM),/usr/bin/chromium)
+browser:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  echo "chromium is missing at $(CHROMIUM): installing Debian's chromium for the browser tests (apt-get install -y chromium)"; \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "ERROR: chromium is missing and installing it needs root: run 'sudo apt-get install -y chromium' (the browser tests need it)" >&2; exit 1; fi; \
+	  if ! { apt-get update && apt-get install -y chromium; }; then \
+	    echo "ERROR: could not install chromium (apt-get install -y chromium failed); the browser tests need it." >&2; exit 1; fi; \
+	  if [ ! -x "$(CHROMIUM)" ]; then echo "ERROR: chromium was installed but $(CHROMIUM) is still missing" >&2; exit 1; fi; \
+	fi
+
+pytest: browser $(VENV)/.dev
 	$(BIN)/pytest -q
 
 test: check-sync nbtest pytest

@@ -133,10 +133,10 @@ def _fp8_tile(acc, m_i, l_i, q, qk_scale, start, seq_len, k_blocks, v_blocks, k_
     k_rows = k_blocks.to(tl.int64) * stride_kb + (keys % PAGE) * stride_ks
     if WORDS:
         words = tl.arange(0, BLOCK_D // 4)
-        k = load_tile(k_base + k_rows[:, None] + words[None, :], (keys < seq_len)[:, None], (words < HEAD_DIM // 4)[None, :], MASKED, PAD_D)
+        k = load_tile(k_base + (k_rows[:, None] + words[None, :]), (keys < seq_len)[:, None], (words < HEAD_DIM // 4)[None, :], MASKED, PAD_D)
         k = widen_fp8_words(k, BLOCK_N, BLOCK_D)
     else:
-        k = load_tile(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, (keys < seq_len)[:, None], d_ok[None, :], MASKED, PAD_D)
+        k = load_tile(k_base + (k_rows[:, None] + offs_d[None, :] * stride_kd), (keys < seq_len)[:, None], d_ok[None, :], MASKED, PAD_D)
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
     if MASKED: s = tl.where((keys < seq_len)[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
