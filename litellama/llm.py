@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 from .engine import ContinuousBatchingEngine
 from .sampling import SamplingParams
+from .multimodal import chat_images
+
+# %% ../nbs/14_llm.ipynb #a23f0002
+def _text(content):
+    "A message's content as one string (its text parts joined)."
+    return content if not isinstance(content, list) else "".join(p.get("text", "") for p in content)
 
 # %% ../nbs/14_llm.ipynb #55b33b60
 @dataclass
@@ -41,12 +47,13 @@ class LLM:
 
     def generate(self, prompts, params: SamplingParams | list | None = None, use_tqdm: bool = True) -> list:
         "Complete each prompt (a string or a list of token ids); one `SamplingParams` for all, or one per prompt."
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)): prompts = [prompts]
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)): prompts = [prompts]
         params = params or SamplingParams()
         plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts): raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-        ids = [self.engine.tokenize(p) for p in prompts]
+        ids = [p if isinstance(p, dict) else self.engine.tokenize(p) for p in prompts]
         rids = [self.engine.add_request(t, sp, stream=False) for t, sp in zip(ids, plist)]  # text once, at the end
+        ids = [self.engine.requests[r][0].seq.token_ids[:self.engine.requests[r][0].seq.num_prompt_tokens] for r in rids]
         results = {rid: RequestOutput(rid, p, t, [CompletionOutput(i) for i in range(sp.n)]) for rid, p, t, sp in zip(rids, prompts, ids, plist)}
         bar = tqdm(total=len(rids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
         t0, ntok = time.perf_counter(), 0
@@ -69,10 +76,17 @@ class LLM:
         return [results[r] for r in rids]
 
     def chat(self, messages, params: SamplingParams | None = None, use_tqdm: bool = True) -> list:
-        "Answer one conversation (a list of `{'role', 'content'}`) or a list of them, through the chat template."
+        """Answer one conversation (a list of `{'role', 'content'}`) or a list of them, through the chat template;
+        `content` may be OpenAI-style parts, images among them (`image_url` with a data URL, or `image` with a PIL image)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(c) for c in convs]
-        return self.generate(prompts, params, use_tqdm)
+        return self.generate([self.chat_prompt(c) for c in convs], params, use_tqdm)
+
+    def chat_prompt(self, messages):
+        "The prompt of one conversation: text, or `{prompt, multi_modal_data}` when its content parts hold images."
+        msgs, images = chat_images(messages)
+        if not images: return self.apply_chat_template([{**m, "content": _text(m.get("content"))} for m in msgs])
+        if not hasattr(self.engine.model, "embed_images"): raise ValueError("this model is text-only: it takes no images")
+        return {"prompt": self.apply_chat_template(msgs), "multi_modal_data": {"image": images}}
 
     def apply_chat_template(self, messages) -> str:
         "The prompt text for `messages`, ending where the assistant's answer begins."

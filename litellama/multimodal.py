@@ -8,13 +8,13 @@ Docs: https://litellama.github.io/litellama/nbs/multimodal.html.md"""
 __all__ = ['MultiModalError', 'decode_image', 'load_image', 'image_hash', 'parse_prompt', 'expand_image_tokens', 'ImageInput',
            'load_image_processor', 'process_images', 'image_embeds', 'chat_images']
 
-# %% ../nbs/28_multimodal.ipynb #f3b8a32d
+# %% ../nbs/28_multimodal.ipynb #73c6deb7
 import base64, binascii, hashlib, io, warnings
 from dataclasses import dataclass
 from pathlib import Path
 import torch
 
-# %% ../nbs/28_multimodal.ipynb #75295c92
+# %% ../nbs/28_multimodal.ipynb #7a43ab07
 class MultiModalError(ValueError):
     "Bad multimodal input; the message is one line naming the problem."
 
@@ -47,14 +47,14 @@ def load_image(src, allowed_dir=None):
     if not path.is_file(): raise MultiModalError(f"image file not found: {s}")
     return decode_image(path.read_bytes(), f"image file {path.name}")
 
-# %% ../nbs/28_multimodal.ipynb #49da7534
+# %% ../nbs/28_multimodal.ipynb #de76af3f
 def image_hash(img) -> str:
     "A content hash of a PIL image's pixels, size and mode."
     h = hashlib.sha256(f"{img.mode}:{img.size}".encode())
     h.update(img.tobytes())
     return h.hexdigest()[:32]
 
-# %% ../nbs/28_multimodal.ipynb #a3df59be
+# %% ../nbs/28_multimodal.ipynb #0a0c33a3
 def parse_prompt(prompt: dict):
     "`(text or token ids, [images])` from a prompt dict."
     keys = set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"}
@@ -68,28 +68,23 @@ def parse_prompt(prompt: dict):
     images = list(images) if isinstance(images, (list, tuple)) else [images]
     return prompt.get("prompt", prompt.get("prompt_token_ids")), [load_image(i) for i in images]
 
-# %% ../nbs/28_multimodal.ipynb #f483fbed
+# %% ../nbs/28_multimodal.ipynb #9d22eead
 def expand_image_tokens(ids: list, image_token_id: int, num_tokens: int, num_images: int):
     "`(expanded ids, [(offset, length)] per image)`; raises unless the prompt has one placeholder per image."
-    runs, i = [], 0
-    while i < len(ids):
-        if ids[i] == image_token_id:
-            j = i
-            while j < len(ids) and ids[j] == image_token_id: j += 1
-            if j - i not in (1, num_tokens):
-                raise MultiModalError(f"a run of {j - i} image tokens at position {i}: write one placeholder per image (or exactly {num_tokens})")
-            runs.append((i, j)); i = j
-        else: i += 1
-    if len(runs) != num_images:
-        raise MultiModalError(f"the prompt has {len(runs)} image placeholder(s) but {num_images} image(s) were given")
+    pos = [i for i, t in enumerate(ids) if t == image_token_id]
+    if num_images and len(pos) == num_images * num_tokens:          # already expanded: runs of whole images
+        spans = [(p, num_tokens) for p in pos[::num_tokens]]
+        if all(ids[o:o + n] == [image_token_id] * n for o, n in spans): return list(ids), spans
+    if len(pos) != num_images:
+        raise MultiModalError(f"the prompt has {len(pos)} image placeholder(s) but {num_images} image(s) were given")
     out, spans, prev = [], [], 0
-    for a, b in runs:
+    for a in pos:
         out += ids[prev:a]
         spans.append((len(out), num_tokens)); out += [image_token_id] * num_tokens
-        prev = b
+        prev = a + 1
     return out + ids[prev:], spans
 
-# %% ../nbs/28_multimodal.ipynb #8013b654
+# %% ../nbs/28_multimodal.ipynb #4c70e4d3
 @dataclass(eq=False)
 class ImageInput:
     "One image of a request: its token span in the prompt, its content hash, its features `[length, hidden]`."
@@ -124,7 +119,7 @@ def process_images(model, image_processor, ids: list, images: list, max_model_le
     feats = model.embed_images(pixels.to(device))
     return ids, tuple(ImageInput(off, L, image_hash(im), f) for (off, L), im, f in zip(spans, images, feats))
 
-# %% ../nbs/28_multimodal.ipynb #7c76bcda
+# %% ../nbs/28_multimodal.ipynb #4a8a857d
 def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | None:
     "The step's `inputs_embeds` `[T, hidden]` with image features at their rows, or None when no scheduled chunk holds image tokens."
     rows, srcs, row0 = [], [], 0
@@ -141,7 +136,7 @@ def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | No
     emb[torch.cat(rows).to(emb.device)] = torch.cat(srcs).to(emb.dtype)
     return emb
 
-# %% ../nbs/28_multimodal.ipynb #debb4365
+# %% ../nbs/28_multimodal.ipynb #5c3339ec
 def chat_images(messages: list, allowed_dir=None):
     "`(messages with image parts as {'type': 'image'}, [images in order])`."
     out, images = [], []
