@@ -17,7 +17,7 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import BlockManager, Sequence
 from .loader import load_model, resolve_device, resolve_dtype
 from .model_runner import ModelRunner
-from .multimodal import MultiModalError, load_image_processor, parse_prompt, process_images as encode_images
+from .multimodal import MultiModalError, TokensWithImages, load_image_processor, parse_prompt, process_images as encode_images
 from .sampling import SamplingParams, SamplingTensors, logprobs_to_host, sample_on_device, uses_history
 from .scheduler import Scheduler
 
@@ -126,6 +126,7 @@ def add_request(self, prompt, params: SamplingParams | None = None, request_id: 
     if request_id in self.requests: raise ValueError(f"request id '{request_id}' is already in use")
     images = ()
     if isinstance(prompt, dict): prompt, images = parse_prompt(prompt)   # {"prompt" | "prompt_token_ids", "multi_modal_data"}
+    elif isinstance(prompt, TokensWithImages): prompt, images = list(prompt), prompt.images
     ids, mm = self.process_images(self.tokenize(prompt), images)
     if not ids: raise ValueError("the prompt is empty")
     if len(ids) >= self.max_model_len:

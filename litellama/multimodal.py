@@ -6,15 +6,15 @@ Docs: https://litellama.github.io/litellama/nbs/multimodal.html.md"""
 
 # %% auto #0
 __all__ = ['MultiModalError', 'decode_image', 'load_image', 'image_hash', 'parse_prompt', 'expand_image_tokens', 'ImageInput',
-           'load_image_processor', 'process_images', 'image_embeds', 'chat_images']
+           'load_image_processor', 'process_images', 'TokensWithImages', 'image_embeds', 'chat_images']
 
-# %% ../nbs/28_multimodal.ipynb #73c6deb7
+# %% ../nbs/28_multimodal.ipynb #421cea98
 import base64, binascii, hashlib, io, warnings
 from dataclasses import dataclass
 from pathlib import Path
 import torch
 
-# %% ../nbs/28_multimodal.ipynb #7a43ab07
+# %% ../nbs/28_multimodal.ipynb #65baa403
 class MultiModalError(ValueError):
     "Bad multimodal input; the message is one line naming the problem."
 
@@ -47,14 +47,14 @@ def load_image(src, allowed_dir=None):
     if not path.is_file(): raise MultiModalError(f"image file not found: {s}")
     return decode_image(path.read_bytes(), f"image file {path.name}")
 
-# %% ../nbs/28_multimodal.ipynb #de76af3f
+# %% ../nbs/28_multimodal.ipynb #af8166a2
 def image_hash(img) -> str:
     "A content hash of a PIL image's pixels, size and mode."
     h = hashlib.sha256(f"{img.mode}:{img.size}".encode())
     h.update(img.tobytes())
     return h.hexdigest()[:32]
 
-# %% ../nbs/28_multimodal.ipynb #0a0c33a3
+# %% ../nbs/28_multimodal.ipynb #8dba22e2
 def parse_prompt(prompt: dict):
     "`(text or token ids, [images])` from a prompt dict."
     keys = set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"}
@@ -68,7 +68,7 @@ def parse_prompt(prompt: dict):
     images = list(images) if isinstance(images, (list, tuple)) else [images]
     return prompt.get("prompt", prompt.get("prompt_token_ids")), [load_image(i) for i in images]
 
-# %% ../nbs/28_multimodal.ipynb #9d22eead
+# %% ../nbs/28_multimodal.ipynb #2592f8ce
 def expand_image_tokens(ids: list, image_token_id: int, num_tokens: int, num_images: int):
     "`(expanded ids, [(offset, length)] per image)`; raises unless the prompt has one placeholder per image."
     pos = [i for i, t in enumerate(ids) if t == image_token_id]
@@ -84,7 +84,7 @@ def expand_image_tokens(ids: list, image_token_id: int, num_tokens: int, num_ima
         prev = a + 1
     return out + ids[prev:], spans
 
-# %% ../nbs/28_multimodal.ipynb #4c70e4d3
+# %% ../nbs/28_multimodal.ipynb #8e4bd517
 @dataclass(eq=False)
 class ImageInput:
     "One image of a request: its token span in the prompt, its content hash, its features `[length, hidden]`."
@@ -119,7 +119,13 @@ def process_images(model, image_processor, ids: list, images: list, max_model_le
     feats = model.embed_images(pixels.to(device))
     return ids, tuple(ImageInput(off, L, image_hash(im), f) for (off, L), im, f in zip(spans, images, feats))
 
-# %% ../nbs/28_multimodal.ipynb #4a8a857d
+# %% ../nbs/28_multimodal.ipynb #30f5bc00
+class TokensWithImages(list):
+    "Token ids, image placeholders already expanded, carrying their images (`.images`)."
+    def __init__(self, ids, images):
+        super().__init__(ids); self.images = list(images)
+
+# %% ../nbs/28_multimodal.ipynb #57c430ba
 def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | None:
     "The step's `inputs_embeds` `[T, hidden]` with image features at their rows, or None when no scheduled chunk holds image tokens."
     rows, srcs, row0 = [], [], 0
@@ -136,7 +142,7 @@ def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | No
     emb[torch.cat(rows).to(emb.device)] = torch.cat(srcs).to(emb.dtype)
     return emb
 
-# %% ../nbs/28_multimodal.ipynb #5c3339ec
+# %% ../nbs/28_multimodal.ipynb #674484fc
 def chat_images(messages: list, allowed_dir=None):
     "`(messages with image parts as {'type': 'image'}, [images in order])`."
     out, images = [], []
