@@ -56,6 +56,7 @@ def meta():
 meta()
 from transformers import LlavaForConditionalGeneration as HFLlava
 from litellama.models.llava import LlavaForConditionalGeneration, llava_config
+from litellama.models.decoder import load_weights
 from litellama.engine import ContinuousBatchingEngine
 from litellama.sampling import SamplingParams
 
@@ -88,7 +89,7 @@ with torch.no_grad():   # HF initialises norms to 1 and biases to 0: perturb the
     for n, p in hf.named_parameters():
         if "norm" in n or "bias" in n: p.add_(torch.randn_like(p) * 0.05)
 ours = LlavaForConditionalGeneration(config, dtype=DT, device=DEV)
-ours.load_weights(hf.state_dict().items())
+load_weights(ours, hf.state_dict().items())
 RES["build_seconds"] = round(time.perf_counter() - t0, 2)
 N_IMG = ours.num_image_tokens
 V = config.text_config.vocab_size

@@ -7,9 +7,9 @@ Docs: https://litellama.github.io/litellama/nbs/llava.html.md"""
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'LLAVA_CHAT_TEMPLATE', 'LLAVA_SHAPES', 'LayerNorm', 'activation', 'CLIPEncoderLayer',
            'CLIPVisionEmbeddings', 'CLIPVisionTower', 'LlavaProjector', 'LlavaForConditionalGeneration', 'llava_key',
-           'load_llava_weights', 'llava_config', 'llava_processor', 'make_llava_checkpoint']
+           'llava_config', 'llava_processor', 'make_llava_checkpoint']
 
-# %% ../../nbs/29_llava.ipynb #c6e8b241
+# %% ../../nbs/29_llava.ipynb #01c695d8
 import json, math
 from pathlib import Path
 import torch
@@ -19,7 +19,7 @@ from ..kernels.registry import ops
 from ..layers import Linear
 from .decoder import CausalLM, LlamaForCausalLM, load_weights
 
-# %% ../../nbs/29_llava.ipynb #deab1d54
+# %% ../../nbs/29_llava.ipynb #5595e3d5
 class LayerNorm(nn.Module):
     "LayerNorm with weight and bias, through the registry."
     def __init__(self, dim: int, eps: float, dtype=None, device=None):
@@ -36,7 +36,7 @@ def activation(name: str):
     if name not in ACTIVATIONS: raise ValueError(f"unsupported activation '{name}'; supported: {', '.join(ACTIVATIONS)}")
     return getattr(ops, ACTIVATIONS[name])
 
-# %% ../../nbs/29_llava.ipynb #9e100c99
+# %% ../../nbs/29_llava.ipynb #1d819652
 class CLIPEncoderLayer(nn.Module):
     "`x + attn(ln1(x))`, then `x + fc2(act(fc1(ln2(x))))`, over `[images * patches, hidden]` rows."
     def __init__(self, vc, dtype=None, device=None):
@@ -58,7 +58,7 @@ class CLIPEncoderLayer(nn.Module):
         x = x + self.self_attn.out_proj(ops.vision_attention(q, k, v, self.head_dim ** -0.5).reshape(x.shape))
         return x + self.mlp.fc2(self.act(self.mlp.fc1(self.layer_norm2(x))))
 
-# %% ../../nbs/29_llava.ipynb #af3628d6
+# %% ../../nbs/29_llava.ipynb #fe1f0ef5
 class CLIPVisionEmbeddings(nn.Module):
     "Patches through the (conv-as-matmul) patch embedding, a CLS token in front, learned position embeddings added."
     def __init__(self, vc, dtype=None, device=None):
@@ -83,7 +83,7 @@ class CLIPVisionEmbeddings(nn.Module):
         x = torch.cat([self.class_embedding.expand(B, 1, -1), x], 1)
         return x + self.position_embedding.weight
 
-# %% ../../nbs/29_llava.ipynb #b9831603
+# %% ../../nbs/29_llava.ipynb #c98d52e8
 class CLIPVisionTower(nn.Module):
     "CLIP ViT: embeddings, `pre_layrnorm`, encoder layers; returns the hidden state(s) of `feature_layers`."
     def __init__(self, vc, dtype=None, device=None):
@@ -104,7 +104,7 @@ class CLIPVisionTower(nn.Module):
         for layer in self.encoder.layers[:max(idx)]: states.append(x := layer(x, B))
         return torch.cat([states[i].view(B, -1, x.shape[-1]) for i in idx], -1)
 
-# %% ../../nbs/29_llava.ipynb #1ea9d905
+# %% ../../nbs/29_llava.ipynb #fbd812ec
 class LlavaProjector(nn.Module):
     "`linear_2(act(linear_1(features)))`: vision width to the language model's width."
     def __init__(self, in_dim: int, out_dim: int, act: str, bias: bool = True, dtype=None, device=None):
@@ -114,11 +114,11 @@ class LlavaProjector(nn.Module):
         self.act = activation(act)
     def forward(self, x): return self.linear_2(self.act(self.linear_1(x)))
 
-# %% ../../nbs/29_llava.ipynb #12fe5fb2
+# %% ../../nbs/29_llava.ipynb #7b4ad761
 class LlavaForConditionalGeneration(nn.Module):
     "LLaVA-1.5: CLIP tower + projector + Llama; `embed_images` once per image, then `forward(ModelInput)` like any decoder."
     packed_modules, ignored_suffixes = CausalLM.packed_modules, CausalLM.ignored_suffixes
-    def __init__(self, config, dtype=torch.float32, device="cpu", **kw):
+    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
         super().__init__()
         tc, vc = config.text_config, config.vision_config
         if getattr(tc, "model_type", "llama") != "llama": raise ValueError(f"LLaVA with a '{tc.model_type}' language model is not supported (llama only)")
@@ -130,7 +130,7 @@ class LlavaForConditionalGeneration(nn.Module):
         self.vision_tower = CLIPVisionTower(vc, dtype, device)
         self.multi_modal_projector = LlavaProjector(vc.hidden_size * len(self.feature_layers), tc.hidden_size, config.projector_hidden_act,
                                                     getattr(config, "multimodal_projector_bias", True), dtype, device)
-        self.language_model = LlamaForCausalLM(tc, dtype=dtype, device=device, **kw)
+        self.language_model = LlamaForCausalLM(tc, dtype=dtype, device=device, quant=quant)   # the tower and projector stay 16-bit
         self.tied = self.language_model.tied
         self.image_token_id = getattr(config, "image_token_id", None)
         if self.image_token_id is None: self.image_token_id = config.image_token_index
@@ -147,8 +147,11 @@ class LlavaForConditionalGeneration(nn.Module):
     def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor: return self.language_model.model.embed_tokens(ids)
     def forward(self, mi: ModelInput) -> torch.Tensor: return self.language_model(mi)
     def bind_kv_cache(self, kv_cache): self.language_model.bind_kv_cache(kv_cache)
+    def route(self, name: str):
+        "Where checkpoint tensor `name` (any of the three spellings below) loads: `(module, param_name, shard)`."
+        return CausalLM.route(self, llava_key(name))
 
-# %% ../../nbs/29_llava.ipynb #574a08d8
+# %% ../../nbs/29_llava.ipynb #d5cebaf2
 _LLAVA_PREFIXES = (("model.vision_tower.vision_model.", "vision_tower."), ("model.vision_tower.", "vision_tower."),
                    ("vision_tower.vision_model.", "vision_tower."), ("model.multi_modal_projector.", "multi_modal_projector."),
                    ("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."))
@@ -159,13 +162,7 @@ def llava_key(name: str) -> str:
         if name.startswith(old): return new + name[len(old):]
     return name
 
-def load_llava_weights(model: LlavaForConditionalGeneration, weights) -> None:
-    "Load `(name, tensor)` pairs, any spelling, through the decoder's loader (same checks: unexpected, missing, misshapen)."
-    load_weights(model, ((llava_key(n), t) for n, t in weights))
-
-LlavaForConditionalGeneration.load_weights = load_llava_weights
-
-# %% ../../nbs/29_llava.ipynb #4cfce90c
+# %% ../../nbs/29_llava.ipynb #c5c72973
 LLAVA_CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + ' ' }}{% else %}{{ m['role'].upper() + ': ' }}"
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
@@ -204,7 +201,7 @@ def llava_processor(tokenizer, image_size: int, patch_size: int = 14):
     return LlavaProcessor(image_processor=ip, tokenizer=tokenizer, patch_size=patch_size, vision_feature_select_strategy="default",
                           num_additional_image_tokens=1, image_token="<image>", chat_template=LLAVA_CHAT_TEMPLATE)
 
-# %% ../../nbs/29_llava.ipynb #4e3ba276
+# %% ../../nbs/29_llava.ipynb #b9a3ac86
 def make_llava_checkpoint(like: str, out_dir, dtype=torch.float32, seed: int = 0, shard_bytes: int = 2 << 30) -> Path:
     "A random LLaVA checkpoint of shape `like` in `out_dir`: config, weights, tokenizer, processor and chat template."
     from transformers import LlavaForConditionalGeneration as HFLlava
