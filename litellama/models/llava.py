@@ -9,7 +9,7 @@ __all__ = ['ACTIVATIONS', 'LLAVA_CHAT_TEMPLATE', 'LLAVA_SHAPES', 'LayerNorm', 'a
            'CLIPVisionEmbeddings', 'CLIPVisionTower', 'LlavaProjector', 'LlavaForConditionalGeneration', 'llava_key',
            'llava_config', 'llava_processor', 'make_llava_checkpoint']
 
-# %% ../../nbs/29_llava.ipynb #01c695d8
+# %% ../../nbs/29_llava.ipynb #16983a39
 import json, math
 from pathlib import Path
 import torch
@@ -19,7 +19,7 @@ from ..kernels.registry import ops
 from ..layers import Linear
 from .decoder import CausalLM, LlamaForCausalLM, load_weights
 
-# %% ../../nbs/29_llava.ipynb #5595e3d5
+# %% ../../nbs/29_llava.ipynb #b093285b
 class LayerNorm(nn.Module):
     "LayerNorm with weight and bias, through the registry."
     def __init__(self, dim: int, eps: float, dtype=None, device=None):
@@ -36,7 +36,7 @@ def activation(name: str):
     if name not in ACTIVATIONS: raise ValueError(f"unsupported activation '{name}'; supported: {', '.join(ACTIVATIONS)}")
     return getattr(ops, ACTIVATIONS[name])
 
-# %% ../../nbs/29_llava.ipynb #1d819652
+# %% ../../nbs/29_llava.ipynb #8f66b65b
 class CLIPEncoderLayer(nn.Module):
     "`x + attn(ln1(x))`, then `x + fc2(act(fc1(ln2(x))))`, over `[images * patches, hidden]` rows."
     def __init__(self, vc, dtype=None, device=None):
@@ -58,7 +58,7 @@ class CLIPEncoderLayer(nn.Module):
         x = x + self.self_attn.out_proj(ops.vision_attention(q, k, v, self.head_dim ** -0.5).reshape(x.shape))
         return x + self.mlp.fc2(self.act(self.mlp.fc1(self.layer_norm2(x))))
 
-# %% ../../nbs/29_llava.ipynb #fe1f0ef5
+# %% ../../nbs/29_llava.ipynb #b9225cf9
 class CLIPVisionEmbeddings(nn.Module):
     "Patches through the (conv-as-matmul) patch embedding, a CLS token in front, learned position embeddings added."
     def __init__(self, vc, dtype=None, device=None):
@@ -83,7 +83,7 @@ class CLIPVisionEmbeddings(nn.Module):
         x = torch.cat([self.class_embedding.expand(B, 1, -1), x], 1)
         return x + self.position_embedding.weight
 
-# %% ../../nbs/29_llava.ipynb #c98d52e8
+# %% ../../nbs/29_llava.ipynb #74813192
 class CLIPVisionTower(nn.Module):
     "CLIP ViT: embeddings, `pre_layrnorm`, encoder layers; returns the hidden state(s) of `feature_layers`."
     def __init__(self, vc, dtype=None, device=None):
@@ -104,7 +104,7 @@ class CLIPVisionTower(nn.Module):
         for layer in self.encoder.layers[:max(idx)]: states.append(x := layer(x, B))
         return torch.cat([states[i].view(B, -1, x.shape[-1]) for i in idx], -1)
 
-# %% ../../nbs/29_llava.ipynb #fbd812ec
+# %% ../../nbs/29_llava.ipynb #f99c9fc0
 class LlavaProjector(nn.Module):
     "`linear_2(act(linear_1(features)))`: vision width to the language model's width."
     def __init__(self, in_dim: int, out_dim: int, act: str, bias: bool = True, dtype=None, device=None):
@@ -114,7 +114,7 @@ class LlavaProjector(nn.Module):
         self.act = activation(act)
     def forward(self, x): return self.linear_2(self.act(self.linear_1(x)))
 
-# %% ../../nbs/29_llava.ipynb #7b4ad761
+# %% ../../nbs/29_llava.ipynb #8f51b5ac
 class LlavaForConditionalGeneration(nn.Module):
     "LLaVA-1.5: CLIP tower + projector + Llama; `embed_images` once per image, then `forward(ModelInput)` like any decoder."
     packed_modules, ignored_suffixes = CausalLM.packed_modules, CausalLM.ignored_suffixes
@@ -151,7 +151,7 @@ class LlavaForConditionalGeneration(nn.Module):
         "Where checkpoint tensor `name` (any of the three spellings below) loads: `(module, param_name, shard)`."
         return CausalLM.route(self, llava_key(name))
 
-# %% ../../nbs/29_llava.ipynb #d5cebaf2
+# %% ../../nbs/29_llava.ipynb #e2ae7530
 _LLAVA_PREFIXES = (("model.vision_tower.vision_model.", "vision_tower."), ("model.vision_tower.", "vision_tower."),
                    ("vision_tower.vision_model.", "vision_tower."), ("model.multi_modal_projector.", "multi_modal_projector."),
                    ("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."))
@@ -162,7 +162,7 @@ def llava_key(name: str) -> str:
         if name.startswith(old): return new + name[len(old):]
     return name
 
-# %% ../../nbs/29_llava.ipynb #c5c72973
+# %% ../../nbs/29_llava.ipynb #f7f42a10
 LLAVA_CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + ' ' }}{% else %}{{ m['role'].upper() + ': ' }}"
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
@@ -201,7 +201,7 @@ def llava_processor(tokenizer, image_size: int, patch_size: int = 14):
     return LlavaProcessor(image_processor=ip, tokenizer=tokenizer, patch_size=patch_size, vision_feature_select_strategy="default",
                           num_additional_image_tokens=1, image_token="<image>", chat_template=LLAVA_CHAT_TEMPLATE)
 
-# %% ../../nbs/29_llava.ipynb #b9a3ac86
+# %% ../../nbs/29_llava.ipynb #166306e5
 def make_llava_checkpoint(like: str, out_dir, dtype=torch.float32, seed: int = 0, shard_bytes: int = 2 << 30) -> Path:
     "A random LLaVA checkpoint of shape `like` in `out_dir`: config, weights, tokenizer, processor and chat template."
     from transformers import LlavaForConditionalGeneration as HFLlava
