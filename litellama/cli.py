@@ -6,7 +6,7 @@ Docs: https://litellama.github.io/litellama/nbs/cli.html.md"""
 
 # %% auto #0
 __all__ = ['KV_CACHE_DTYPES', 'DEMO_PROMPTS', 'cmd_generate', 'cmd_chat', 'run_batch', 'cmd_batch', 'cmd_demo', 'cmd_serve',
-           'cmd_make_random_checkpoint', 'cmd_bench', 'cmd_tune', 'build_parser', 'main']
+           'cmd_make_random_checkpoint', 'cmd_vl_chat', 'cmd_bench', 'cmd_tune', 'build_parser', 'main']
 
 # %% ../nbs/16_cli.ipynb #2f603811
 import argparse, json, os, sys, time
@@ -141,12 +141,49 @@ def cmd_demo(a):
 def cmd_serve(a):
     from litellama.server import serve
     serve(a.model_dir, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
+          allowed_local_media_path=a.allowed_local_media_path,
           dtype=a.dtype, device=a.device, **_engine_options(a))
 
 def cmd_make_random_checkpoint(a):
     from litellama.checkpoints import make_random_checkpoint
     from litellama.loader import resolve_dtype
     print(make_random_checkpoint(a.like, a.out_dir, dtype=resolve_dtype(a.dtype, "cuda")))
+
+# %% ../nbs/16_cli.ipynb #a23c0004
+def cmd_vl_chat(a):
+    "Chat about images: with `--prompt`, one streamed answer; without, an interactive conversation about the images."
+    from litellama.llm import VisionGenerator
+    from litellama.multimodal import decode_image
+    paths = [Path(p) for p in a.image]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing: raise FileNotFoundError(f"image file not found: {', '.join(missing)}")
+    images = [decode_image(p.read_bytes(), f"image file {p}") for p in paths]
+    vg = VisionGenerator(a.model_dir, dtype=a.dtype, device=a.device, **_engine_options(a))
+    history = [{"role": "system", "content": a.system}] if a.system else []
+    first = [{"type": "image", "image": im} for im in images]
+    def ask(text):
+        nonlocal first
+        history.append({"role": "user", "content": first + [{"type": "text", "text": text}]}); first = []
+        reply = "".join(piece for piece in _echo(vg.stream(history, params=_params(a))))
+        history.append({"role": "assistant", "content": reply})
+    if a.prompt: return ask(a.prompt)
+    print(f"litellama vl-chat — {vg.llm.model_dir}, {len(images)} image(s) (empty line or Ctrl-D to quit)")
+    while True:
+        try: user = input("> ").strip()
+        except EOFError: break
+        if not user: break
+        ask(user)
+
+def _echo(pieces):
+    "Print each piece as it comes, end with a newline, and pass them on."
+    for piece in pieces: print(piece, end="", flush=True); yield piece
+    print()
+
+def _add_vl_chat(sub):
+    v = sub.add_parser("vl-chat", help="chat about images with a vision-language model (LLaVA)"); _engine_args(v); _sampling_args(v, 512)
+    v.add_argument("--image", action="append", required=True, help="an image file (repeat for several)")
+    v.add_argument("--prompt", default=None, help="one question, answered streamed (default: interactive)")
+    v.add_argument("--system", default=None); v.set_defaults(fn=cmd_vl_chat)
 
 # %% ../nbs/16_cli.ipynb #2df7703c
 def cmd_bench(a):
@@ -179,6 +216,8 @@ def build_parser():
     s = sub.add_parser("serve", help="OpenAI-compatible server"); _engine_args(s)
     s.add_argument("--host", default="127.0.0.1"); s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None); s.add_argument("--served-model-name", default=None); s.set_defaults(fn=cmd_serve)
+    s.add_argument("--allowed-local-media-path", default=None, help="image_url parts may name local files under this directory")
+    _add_vl_chat(sub)
     bn = sub.add_parser("bench", help="benchmarks vs HF transformers, results saved as JSON")
     bn.add_argument("--suite", choices=["cpu", "gpu"], default="cpu"); bn.add_argument("--model-dir", default=None)
     bn.add_argument("--like", default="qwen3-0.6b"); bn.add_argument("--parts", default="kernels,w1,w3,w2")

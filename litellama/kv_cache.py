@@ -22,6 +22,7 @@ class Sequence:
     num_computed_tokens: int = 0          # tokens whose K/V are in the cache
     num_cached_blocks: int = 0            # leading blocks registered in the prefix cache
     extra_keys: tuple = ()                # e.g. image hashes: part of every block's identity
+    mm_inputs: tuple = ()                 # its images (multimodal.ImageInput): token spans and features
 
     @property
     def num_tokens(self): return len(self.token_ids)

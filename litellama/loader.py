@@ -104,4 +104,4 @@ def load_model(model_dir, dtype="auto", device="auto", quantization=None):
         except ValueError as e: raise CheckpointError(f"{model_dir}: {e}") from None
     try: load_weights(model, iter_weights(files))
     except (KeyError, ValueError) as e: raise CheckpointError(f"{Path(model_dir)}: {e.args[0]}") from None
-    return model.eval(), config
+    return model.eval(), getattr(model, "text_config", config)   # a vision-language model: its decoder's config

@@ -6,8 +6,8 @@ Docs: https://litellama.github.io/litellama/nbs/server.html.md"""
 
 # %% auto #0
 __all__ = ['GRACEFUL_SHUTDOWN_S', 'APIError', 'schemas', 'sampling_params', 'chat_prompt', 'prompt_ids', 'check_length',
-           'split_prompts', 'completion_logprobs', 'chat_logprobs', 'ServerMetrics', 'completions', 'chat_completions',
-           'BearerAuth', 'build_app', 'serve', 'bench_serving']
+           'split_prompts', 'chat_prompt_ids', 'completion_logprobs', 'chat_logprobs', 'ServerMetrics', 'completions',
+           'chat_completions', 'BearerAuth', 'build_app', 'serve', 'bench_serving']
 
 # %% ../nbs/15_server.ipynb #3d1376f5
 import asyncio, functools, json, math, random, secrets, signal, statistics, time, uuid
@@ -75,9 +75,14 @@ def schemas():
         logprobs: StrictInt | None = None
         echo: StrictBool = False
 
+    class ImageURL(BaseModel):
+        url: StrictStr
+        detail: StrictStr | None = None
+
     class ContentPart(BaseModel):
-        type: Literal["text"]
-        text: StrictStr
+        type: Literal["text", "image_url"]
+        text: StrictStr | None = None
+        image_url: ImageURL | None = None
 
     class Message(BaseModel):
         model_config = ConfigDict(extra="ignore")
@@ -123,7 +128,7 @@ def sampling_params(req, default_max_tokens=None, logprobs=None) -> SamplingPara
 # %% ../nbs/15_server.ipynb #56781b8d
 def _content(m) -> str:
     c = m.content
-    return "" if c is None else c if isinstance(c, str) else "".join(p.text for p in c)
+    return "" if c is None else c if isinstance(c, str) else "".join(p.text or "" for p in c)
 
 def chat_prompt(tokenizer, messages, add_generation_prompt=True) -> str:
     "The prompt text for a list of chat messages (`developer` is treated as `system`)."
@@ -156,6 +161,27 @@ def split_prompts(prompt) -> list:
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)): return [prompt]
     if not prompt: raise APIError("the prompt is empty", param="prompt")
     return list(prompt)
+
+# %% ../nbs/15_server.ipynb #a23b0003
+def chat_prompt_ids(st, engine, messages) -> list:
+    """Token ids of a chat; when its messages hold `image_url` parts, `TokensWithImages` (placeholders expanded, images
+    decoded). Images come as `data:image/...;base64,` URLs, local files only under the server's `allowed_local_media_path`;
+    remote URLs are refused (nothing is fetched). Every problem is a 400 naming it."""
+    if not any(isinstance(m.content, list) and any(p.type == "image_url" for p in m.content) for m in messages):
+        return prompt_ids(engine, chat_prompt(engine.tokenizer, messages), chat=True)
+    from litellama.multimodal import TokensWithImages, chat_images, expand_image_tokens
+    model = engine.model
+    if not hasattr(model, "embed_images"): raise APIError("this model is text-only: it takes no images", param="messages")
+    dicts = [{"role": "system" if m.role == "developer" else m.role, "content": m.content if not isinstance(m.content, list)
+              else [p.model_dump(exclude_none=True) for p in m.content]} for m in messages]
+    try: msgs, images = chat_images(dicts, getattr(st, "allowed_local_media_path", None))
+    except ValueError as e: raise APIError(str(e), param="messages") from None
+    try: text = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    except Exception as e: raise APIError(f"could not apply the chat template: {e}", param="messages") from None
+    try: ids, _ = expand_image_tokens(engine.tokenizer.encode(text, add_special_tokens=False), model.image_token_id,
+                                      model.num_image_tokens, len(images))
+    except ValueError as e: raise APIError(str(e), param="messages") from None
+    return TokensWithImages(ids, images)
 
 # %% ../nbs/15_server.ipynb #a65452f9
 def _tok_str(tokenizer, tid: int) -> str:
@@ -374,7 +400,7 @@ async def chat_completions(st, req):
         raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
     nlp = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, default_max_tokens=None, logprobs=nlp)
-    ids = prompt_ids(eng, chat_prompt(eng.tokenizer, req.messages), chat=True)
+    ids = chat_prompt_ids(st, eng, req.messages)          # with images: TokensWithImages
     check_length(eng, ids, params)
     run = _Run(st, [ids], params, "chat")
     first, it = await run.first()
@@ -546,13 +572,14 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None):
 GRACEFUL_SHUTDOWN_S = 10
 
 def serve(model_dir=None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          served_model_name: str | None = None, **engine_options):
+          served_model_name: str | None = None, allowed_local_media_path: str | None = None, **engine_options):
     "Load `model_dir` (default: the bundled model) and serve it over HTTP until SIGTERM or Ctrl-C."
     uvicorn = _need("uvicorn"); _need("fastapi"); _need("prometheus_client")
     from litellama.async_engine import AsyncLLMEngine
     engine = AsyncLLMEngine.from_pretrained(model_dir, **engine_options)
     name = served_model_name or (engine.engine.model_dir.name if engine.engine.model_dir else "litellama")
     app = build_app(engine, name, api_key=api_key)
+    app.state.litellama.allowed_local_media_path = allowed_local_media_path   # image files may come from here only
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     stopped = []
     for sig in (signal.SIGTERM, signal.SIGINT): signal.signal(sig, lambda s, f: stopped.append(s))

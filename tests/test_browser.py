@@ -193,3 +193,42 @@ def test_docs_site(browser, site):
     page.goto(f"{url}/index.html")
     page.screenshot(path=str(SHOTS / "docs_home.png"))
     page.close()
+
+
+# ---------------------------------------------------------------- the chat widget with an image, over a tiny LLaVA
+
+VISION_NB = {"cells": [{"cell_type": "code", "execution_count": None, "id": "v1", "metadata": {}, "outputs": [],
+                        "source": "import tempfile\nfrom litellama.llm import LLM\nfrom litellama.widget import ChatWidget\n"
+                                  "from litellama.models.llava import make_llava_checkpoint\n"
+                                  "llm = LLM(make_llava_checkpoint('tiny-llava', tempfile.mkdtemp()), dtype='float32', device='cpu')\n"
+                                  "chat = ChatWidget(llm, max_tokens=12)\nchat"}],
+             "metadata": CHAT_NB["metadata"], "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_vision_chat_widget_uploads_and_shows_an_image(browser, jupyterlab):
+    from PIL import Image
+    url, d = jupyterlab
+    (d / "vision.ipynb").write_text(json.dumps(VISION_NB))
+    Image.new("RGB", (120, 90), (30, 140, 200)).save(d / "blue.png")
+    page = browser.new_page(viewport={"width": 1100, "height": 900})
+    page.goto(f"{url}/lab/tree/vision.ipynb")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=120_000)
+    page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+    page.keyboard.press("Shift+Enter")
+    chat = page.locator(".litellama-chat")
+    chat.wait_for(timeout=240_000)
+    with page.expect_file_chooser() as fc:                                       # the upload button opens a file chooser
+        chat.get_by_role("button", name="Image").click()
+    fc.value.set_files(str(d / "blue.png"))
+    page.wait_for_function("() => document.querySelector('.litellama-chat').innerText.includes('1 image(s) attached')", timeout=30_000)
+    question = chat.locator("input[type=text]")
+    question.fill("What color is this picture?")
+    question.press("Enter")
+    _watch_last_reply(page, lambda s: "tok/s" in s)
+    img = chat.locator(".ll-user img.ll-img")
+    assert img.count() == 1 and img.first.get_attribute("src").startswith("data:image/png;base64,")
+    assert img.first.evaluate("e => e.naturalWidth") > 0                         # the thumbnail really renders
+    SHOTS.mkdir(exist_ok=True)
+    chat.screenshot(path=str(SHOTS / "vision_chat_widget.png"))
+    page.close()

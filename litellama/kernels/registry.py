@@ -70,6 +70,13 @@ BACKENDS = {
 }
 PRIORITY = ("triton", "torch")
 
+# %% ../../kernels_nb/01_registry.ipynb #a23f51c0
+# the vision tower's ops (LLaVA's CLIP tower): LayerNorm, the two GELUs, bidirectional attention (SDPA on the GPU)
+_VISION = {"layer_norm": "layer_norm", "gelu": "gelu", "quick_gelu": "quick_gelu", "vision_attention": "vision_attention_sdpa"}
+OPS += tuple(_VISION)
+BACKENDS["triton"].impls.update({op: _K + f"vision:{fn}" for op, fn in _VISION.items()})
+BACKENDS["torch"].impls.update({op: _K + f"vision:{op}_ref" for op in _VISION})
+
 # %% ../../kernels_nb/01_registry.ipynb #f3e1a20c
 # sparse MLP blocks (Qwen3-MoE): routing and the grouped expert kernels of 14_fused_moe, and their references
 OPS = OPS + ("moe_topk", "fused_moe")

@@ -150,26 +150,24 @@ MODEL_REGISTRY = {c.__name__: c for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qw
 MODEL_TYPES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}
 
 # %% ../../nbs/04_models.ipynb #f3e1a20e
-# families in modules of their own (which import this one): imported when a config names them, and then registered
-LAZY_MODELS = {"Qwen3MoeForCausalLM": ("qwen3_moe", "litellama.models.qwen3_moe")}   # architecture: (model_type, module)
-
-def _import_lazy(config):
-    "Import the module of a lazily registered family that `config` names; importing it fills MODEL_REGISTRY and MODEL_TYPES."
-    import importlib
-    for arch, (mt, module) in LAZY_MODELS.items():
-        if arch in (getattr(config, "architectures", None) or []) or getattr(config, "model_type", None) == mt:
-            importlib.import_module(module)
+# families in modules of their own (which import this one), imported when a config first names them
+LAZY_MODELS = {"Qwen3MoeForCausalLM": ("qwen3_moe", "litellama.models.qwen3_moe"),   # architecture: (model_type, module)
+               "LlavaForConditionalGeneration": ("llava", "litellama.models.llava")}
 
 # %% ../../nbs/04_models.ipynb #8033f88d
 def model_class(config):
     "The class serving `config`, by `architectures` first, then `model_type`; a clear error otherwise."
-    _import_lazy(config)
+    import importlib
+    lazy = lambda arch: getattr(importlib.import_module(LAZY_MODELS[arch][1]), arch)
     for arch in getattr(config, "architectures", None) or []:
         if arch in MODEL_REGISTRY: return MODEL_REGISTRY[arch]
+        if arch in LAZY_MODELS: return lazy(arch)
     mt = getattr(config, "model_type", None)
     if mt in MODEL_TYPES: return MODEL_TYPES[mt]
+    by_type = {m: arch for arch, (m, _) in LAZY_MODELS.items()}
+    if mt in by_type: return lazy(by_type[mt])
     raise ValueError(f"unsupported model_type '{mt}' (architectures {getattr(config, 'architectures', None)}); "
-                     f"supported: {', '.join(sorted(MODEL_TYPES))}")
+                     f"supported: {', '.join(sorted({*MODEL_TYPES, *by_type}))}")
 
 # %% ../../nbs/04_models.ipynb #c819750d
 TINY_CONFIGS = {
