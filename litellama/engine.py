@@ -16,8 +16,8 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import BlockManager, Sequence
 from .loader import load_model, resolve_device, resolve_dtype
 from .model_runner import ModelRunner
-from .sampling import SamplingParams, SamplingTensors, logprobs_to_host, sample_on_device, uses_history
-from .scheduler import Scheduler
+from .sampling import SEED_RANGE, SamplingParams, SamplingTensors, logprobs_to_host, sample_on_device, uses_history
+from .scheduler import Scheduler, SchedulerOutput
 
 log = logging.getLogger("litellama")
 
@@ -30,11 +30,12 @@ class StepOutput:
     delta: str                    # new text (held back while it may begin a stop string)
     token_ids: list               # new token ids
     finished: bool = False
-    finish_reason: str | None = None   # 'stop', 'length' or 'abort'
+    finish_reason: str | None = None   # 'stop', 'length', 'abort' or 'error'
     logprobs: list | None = None  # per new token: {token_id: logprob}
     text: str = ""                # the whole text, on the final output only
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    error: str | None = None      # finish_reason 'error': why this request failed inside a step
 
 @dataclass
 class EngineStats:
@@ -134,12 +135,15 @@ def add_request(self, prompt, params: SamplingParams | None = None, request_id: 
     if need > self.block_manager.num_total_blocks:
         raise ValueError(f"the request needs {need} KV blocks (prompt {len(ids)} + max_tokens {max_tokens} tokens) "
                          f"but the cache holds only {self.block_manager.num_total_blocks}; lower max_tokens")
-    base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
+    V = self.config.vocab_size
+    for name, toks in (("stop_token_ids", params.stop_token_ids), ("logit_bias", list(params.logit_bias or ()))):
+        if not all(type(t) is int and 0 <= t < V for t in toks): raise ValueError(f"{name} must hold token ids in [0, {V})")
+    base_seed = params.seed % SEED_RANGE if params.seed is not None else self._rng.getrandbits(62)
     comps = []
     for i in range(params.n):
         seq = Sequence(next(self._seq_ids), list(ids), len(ids))
         det = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens, lazy=not stream) if self.tokenizer else None
-        comps.append(Completion(request_id, i, seq, params, base_seed + i, det, max_tokens, needs_history=uses_history(params)))
+        comps.append(Completion(request_id, i, seq, params, (base_seed + i) % SEED_RANGE, det, max_tokens, needs_history=uses_history(params)))
     self.requests[request_id] = comps
     for c in comps:
         self.by_seq[c.seq.seq_id] = c; self.scheduler.add(c.seq)
@@ -167,13 +171,14 @@ def step(self) -> list:
     self._in_flight = launched
     if launched is not None and (not self.async_scheduling or launched.logprobs is not None):
         outputs += self._read_back(launched); self._in_flight = None
+    outputs += self._pending; self._pending = []        # requests that failed inside this step
     return outputs
 
 def _launch(self, outputs: list) -> InFlightStep | None:
     "Run the model and the sampler on one scheduled step, leaving a placeholder for each sampled token."
     plan = self.scheduler.schedule()
     prev = self._in_flight
-    logits = self.runner.execute(plan, prev.token_ids if prev is not None else None)
+    logits, plan = self._execute(plan, prev.token_ids if prev is not None else None)
     self.scheduler.update(plan)
     self.num_steps += 1
     done = [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens == s.num_tokens]
@@ -182,7 +187,8 @@ def _launch(self, outputs: list) -> InFlightStep | None:
         outputs += self._read_back(prev); self._in_flight = None
     rows = [(c.params, c.seed, c.seq.token_ids[:c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids) if c.needs_history
             else (c.params, c.seed, (), c.seq.num_output_tokens, self.eos_ids) for c in done]
-    ids, lp = sample_on_device(logits, SamplingTensors.build(rows, logits.shape[-1], logits.device))
+    ids, lp, done = self._sample(logits, done, rows)
+    if not done: return None
     host, ready = ids, None
     if ids.device.type == "cuda":
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True).copy_(ids, non_blocking=True)
@@ -232,19 +238,65 @@ def _forget(self, c: Completion):
 ContinuousBatchingEngine.step, ContinuousBatchingEngine._launch, ContinuousBatchingEngine._read_back = step, _launch, _read_back
 ContinuousBatchingEngine._append_token, ContinuousBatchingEngine._forget = _append_token, _forget
 
+# %% ../nbs/12_engine.ipynb #15a10002
+def _culprits(items: list, run) -> list:
+    "The `(item, error)` pairs of the items of `items` (which fail together under `run`) that fail alone, by bisection."
+    if len(items) == 1:
+        try: run(items); return []
+        except Exception as e: return [(items[0], e)]
+    bad = []
+    for part in (items[:len(items) // 2], items[len(items) // 2:]):
+        try: run(part)
+        except Exception as e: bad += _culprits(part, run) if len(part) > 1 else [(part[0], e)]
+    return bad
+
+def _execute(self, plan: SchedulerOutput, prev_ids) -> tuple:
+    "`(logits, plan)`: the step's forward, with the sequences whose presence makes it fail failed and left out."
+    try: return self.runner.execute(plan, prev_ids), plan
+    except Exception as e: err = e
+    bad = _culprits(plan.scheduled, lambda part: self.runner.execute(SchedulerOutput(part), prev_ids))
+    if not bad: raise err
+    for (seq, _), e in bad:
+        c = self.by_seq.get(seq.seq_id)
+        if c is not None: self._end_request(c.request_id, "error", f"the model failed on this request: {type(e).__name__}: {e}")
+    plan = SchedulerOutput([(s, n) for s, n in plan.scheduled if s.seq_id in self.by_seq], plan.preempted)
+    return (self.runner.execute(plan, prev_ids) if plan.scheduled else None), plan
+
+def _sample(self, logits, done: list, rows: list) -> tuple:
+    "`(ids, logprobs, done)`: the step's rows sampled together; the requests of rows that fail alone are failed and dropped."
+    V, dev = logits.shape[-1], logits.device
+    try: return (*sample_on_device(logits, SamplingTensors.build(rows, V, dev)), done)
+    except Exception as e: err = e
+    failed = set()
+    for j, (c, row) in enumerate(zip(done, rows)):
+        try: sample_on_device(logits[j:j + 1], SamplingTensors.build([row], V, dev))
+        except Exception as e:
+            failed.add(c.request_id); self._end_request(c.request_id, "error", f"sampling failed for this request: {type(e).__name__}: {e}")
+    if not failed: raise err
+    keep = [j for j, c in enumerate(done) if c.request_id not in failed]
+    if not keep: return None, None, []
+    ids, lp = sample_on_device(logits[keep], SamplingTensors.build([rows[j] for j in keep], V, dev))
+    return ids, lp, [done[j] for j in keep]
+
+ContinuousBatchingEngine._execute, ContinuousBatchingEngine._sample = _execute, _sample
+
 # %% ../nbs/12_engine.ipynb #a88ad1fb
 def abort_request(self, request_id: str) -> bool:
     "Stop a request now and free its blocks; its last output (reason 'abort') comes with the next `step()`."
+    return self._end_request(request_id, "abort")
+
+def _end_request(self, request_id: str, reason: str, error: str | None = None) -> bool:
+    "Finish every completion of a request now with `reason` (and `error`), freeing its blocks; outputs go to `_pending`."
     comps = self.requests.pop(request_id, None)
     if comps is None: return False
     for c in comps:
         if c.finished: continue
-        c.finished, c.finish_reason = True, "abort"
+        c.finished, c.finish_reason = True, reason
         del c.seq.token_ids[c.seq.num_known_tokens:]               # tokens of launched steps are dropped
         self.scheduler.finish(c.seq); self.by_seq.pop(c.seq.seq_id, None)
         delta = c.detok.take_delta(True) if c.detok else ""
-        self._pending.append(StepOutput(c.request_id, c.index, delta, [], True, "abort", None,
-                                        c.detok.text if c.detok else "", c.seq.num_prompt_tokens, c.seq.num_output_tokens))
+        self._pending.append(StepOutput(c.request_id, c.index, delta, [], True, reason, None, c.detok.text if c.detok else "",
+                                        c.seq.num_prompt_tokens, c.seq.num_output_tokens, error))
     return True
 
 def has_unfinished_requests(self) -> bool: return bool(self.requests or self._pending or self._in_flight)
@@ -255,5 +307,6 @@ def stats(self) -> EngineStats:
     return EngineStats(s.num_preemptions, s.num_prefix_hit_tokens, bm.num_free_blocks, bm.num_total_blocks,
                        len(s.running), len(s.waiting), s.num_chunked_prefills, self.num_steps, self.runner.capacity_tokens)
 
-ContinuousBatchingEngine.abort_request, ContinuousBatchingEngine.has_unfinished_requests = abort_request, has_unfinished_requests
+ContinuousBatchingEngine.abort_request, ContinuousBatchingEngine._end_request = abort_request, _end_request
+ContinuousBatchingEngine.has_unfinished_requests = has_unfinished_requests
 ContinuousBatchingEngine.stats = stats
