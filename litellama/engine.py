@@ -125,6 +125,9 @@ def add_request(self, prompt, params: SamplingParams | None = None, request_id: 
     if request_id in self.requests: raise ValueError(f"request id '{request_id}' is already in use")
     ids = self.tokenize(prompt)
     if not ids: raise ValueError("the prompt is empty")
+    V = self.config.vocab_size
+    for name, toks in (("stop_token_ids", params.stop_token_ids), ("logit_bias", list(params.logit_bias or ()))):
+        if not all(type(t) is int and 0 <= t < V for t in toks): raise ValueError(f"{name} must hold token ids in [0, {V})")
     if len(ids) >= self.max_model_len:
         raise ValueError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_model_len} tokens")
     room = self.max_model_len - len(ids)
@@ -135,9 +138,6 @@ def add_request(self, prompt, params: SamplingParams | None = None, request_id: 
     if need > self.block_manager.num_total_blocks:
         raise ValueError(f"the request needs {need} KV blocks (prompt {len(ids)} + max_tokens {max_tokens} tokens) "
                          f"but the cache holds only {self.block_manager.num_total_blocks}; lower max_tokens")
-    V = self.config.vocab_size
-    for name, toks in (("stop_token_ids", params.stop_token_ids), ("logit_bias", list(params.logit_bias or ()))):
-        if not all(type(t) is int and 0 <= t < V for t in toks): raise ValueError(f"{name} must hold token ids in [0, {V})")
     base_seed = params.seed % SEED_RANGE if params.seed is not None else self._rng.getrandbits(62)
     comps = []
     for i in range(params.n):
