@@ -6,9 +6,9 @@ Docs: https://litellama.github.io/litellama/nbs/server.html.md"""
 
 # %% auto #0
 __all__ = ['DISCONNECT_POLL_S', 'GRACEFUL_SHUTDOWN_S', 'APIError', 'ServerLimits', 'max_token_chars', 'check_chars', 'schemas',
-           'sampling_params', 'chat_prompt', 'prompt_ids', 'check_length', 'split_prompts', 'completion_logprobs',
-           'chat_logprobs', 'ServerMetrics', 'completions', 'chat_completions', 'BearerAuth', 'build_app', 'serve',
-           'bench_serving']
+           'response_schemas', 'openapi_spec', 'sampling_params', 'chat_prompt', 'prompt_ids', 'check_length',
+           'split_prompts', 'completion_logprobs', 'chat_logprobs', 'ServerMetrics', 'completions', 'chat_completions',
+           'BearerAuth', 'build_app', 'serve', 'bench_serving']
 
 # %% ../nbs/15_server.ipynb #3d1376f5
 import asyncio, functools, json, math, random, secrets, signal, statistics, time, uuid
@@ -128,6 +128,144 @@ def schemas():
 
     return SimpleNamespace(CompletionRequest=CompletionRequest, ChatRequest=ChatRequest, Message=Message,
                            TokenizeRequest=TokenizeRequest, DetokenizeRequest=DetokenizeRequest)
+
+# %% ../nbs/15_server.ipynb #15a40002
+@functools.cache
+def response_schemas():
+    "The response models, for `/openapi.json`: completions, chat completions, errors, models, health, tokenize."
+    from typing import Literal
+    from pydantic import BaseModel
+    from types import SimpleNamespace
+
+    class ErrorBody(BaseModel):
+        message: str
+        type: str
+        param: str | None
+        code: str | None
+
+    class ErrorResponse(BaseModel):
+        error: ErrorBody
+
+    class Usage(BaseModel):
+        prompt_tokens: int
+        completion_tokens: int
+        total_tokens: int
+
+    class CompletionLogprobs(BaseModel):
+        tokens: list[str]
+        token_logprobs: list[float | None]
+        top_logprobs: list[dict[str, float] | None]
+        text_offset: list[int]
+
+    class CompletionChoice(BaseModel):
+        index: int
+        text: str
+        logprobs: CompletionLogprobs | None
+        finish_reason: str | None
+
+    class CompletionResponse(BaseModel):
+        id: str
+        object: Literal["text_completion"]
+        created: int
+        model: str
+        choices: list[CompletionChoice]
+        usage: Usage | None = None
+
+    class TopLogprob(BaseModel):
+        token: str
+        logprob: float
+        bytes: list[int] | None
+
+    class TokenLogprob(TopLogprob):
+        top_logprobs: list[TopLogprob]
+
+    class ChoiceLogprobs(BaseModel):
+        content: list[TokenLogprob] | None
+
+    class AssistantMessage(BaseModel):
+        role: Literal["assistant"]
+        content: str | None
+
+    class ChatChoice(BaseModel):
+        index: int
+        message: AssistantMessage
+        logprobs: ChoiceLogprobs | None
+        finish_reason: str | None
+
+    class ChatCompletionResponse(BaseModel):
+        id: str
+        object: Literal["chat.completion"]
+        created: int
+        model: str
+        choices: list[ChatChoice]
+        usage: Usage
+
+    class ModelCard(BaseModel):
+        id: str
+        object: Literal["model"]
+        created: int
+        owned_by: str
+        max_model_len: int
+
+    class ModelList(BaseModel):
+        object: Literal["list"]
+        data: list[ModelCard]
+
+    class Health(BaseModel):
+        status: Literal["ok", "stopped"]
+        num_free_blocks: int
+        num_total_blocks: int
+        running: int
+        waiting: int
+
+    class TokenizeResponse(BaseModel):
+        tokens: list[int]
+        count: int
+        max_model_len: int
+
+    class DetokenizeResponse(BaseModel):
+        prompt: str
+
+    return SimpleNamespace(**{m.__name__: m for m in (ErrorResponse, CompletionResponse, ChatCompletionResponse, ModelList,
+                                                        Health, TokenizeResponse, DetokenizeResponse)})
+
+# %% ../nbs/15_server.ipynb #15a40003
+_ERRORS = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model", 405: "Method not allowed",
+           413: "Request body too large", 415: "Body not JSON", 500: "Internal error"}
+
+def openapi_spec(app) -> dict:
+    """`app`'s OpenAPI document with every request body and response declared: FastAPI sees no body (we parse by
+    hand), so the models are added here, once."""
+    from fastapi.openapi.utils import get_openapi
+    from pydantic.json_schema import models_json_schema
+    S, R = schemas(), response_schemas()
+    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    models = [(m, "validation") for m in (S.CompletionRequest, S.ChatRequest, S.TokenizeRequest, S.DetokenizeRequest)] + \
+             [(m, "serialization") for m in vars(R).values()]
+    _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    spec.setdefault("components", {})["schemas"] = defs.get("$defs", {})
+    ref = lambda m: {"$ref": f"#/components/schemas/{m.__name__}"}
+    err = lambda codes: {str(c): {"description": _ERRORS[c], "content": {"application/json": {"schema": ref(R.ErrorResponse)}}} for c in codes}
+    routes = {("post", "/v1/completions"): (S.CompletionRequest, R.CompletionResponse, True),
+              ("post", "/v1/chat/completions"): (S.ChatRequest, R.ChatCompletionResponse, True),
+              ("post", "/tokenize"): (S.TokenizeRequest, R.TokenizeResponse, False),
+              ("post", "/detokenize"): (S.DetokenizeRequest, R.DetokenizeResponse, False),
+              ("get", "/v1/models"): (None, R.ModelList, False), ("get", "/health"): (None, R.Health, False)}
+    auth = [401] if any(getattr(m.cls, "__name__", "") == "BearerAuth" for m in app.user_middleware) else []
+    for (method, path), (req, res, streams) in routes.items():
+        op = spec["paths"][path][method]
+        ok = {"application/json": {"schema": ref(res)}}
+        if streams: ok["text/event-stream"] = {"schema": {"type": "string", "description": "server-sent events, ending with `data: [DONE]`"}}
+        op["responses"] = {"200": {"description": "OK", "content": ok}}
+        if path == "/health":
+            op["responses"]["503"] = {"description": "The engine is stopped", "content": {"application/json": {"schema": ref(res)}}}
+        else: op["responses"].update(err(auth + [405, 500]))
+        if req is not None:
+            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref(req)}}}
+            op["responses"].update(err([400, 404, 413, 415] if path.startswith("/v1") else [400, 413, 415]))
+    spec["paths"]["/metrics"]["get"]["responses"] = {"200": {"description": "Prometheus text format",
+                                                             "content": {"text/plain": {"schema": {"type": "string"}}}}}
+    return spec
 
 # %% ../nbs/15_server.ipynb #79e23d1c
 def sampling_params(req, default_max_tokens=None, logprobs=None, limits: ServerLimits | None = None) -> SamplingParams:
@@ -562,6 +700,7 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None, 
         return _error_response(APIError(f"internal error: {type(e).__name__}: {e}", 500, "server_error"))
 
     if api_key is not None: app.add_middleware(BearerAuth, api_key=api_key)
+    app.openapi = lambda: app.openapi_schema or setattr(app, "openapi_schema", openapi_spec(app)) or app.openapi_schema
 
     def check_model(name):
         if name != served_model_name:
