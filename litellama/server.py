@@ -243,7 +243,10 @@ def openapi_spec(app) -> dict:
     models = [(m, "validation") for m in (S.CompletionRequest, S.ChatRequest, S.TokenizeRequest, S.DetokenizeRequest)] + \
              [(m, "serialization") for m in vars(R).values()]
     _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
-    spec.setdefault("components", {})["schemas"] = defs.get("$defs", {})
+    spec.setdefault("components", {})["schemas"] = defs = defs.get("$defs", {})
+    served = getattr(getattr(app.state, "litellama", None), "model_name", None)
+    for name in ("CompletionRequest", "ChatRequest"):          # the one model name that is not a 404
+        if served: defs[name]["properties"]["model"] = {"type": "string", "enum": [served], "title": "Model"}
     ref = lambda m: {"$ref": f"#/components/schemas/{m.__name__}"}
     err = lambda codes: {str(c): {"description": _ERRORS[c], "content": {"application/json": {"schema": ref(R.ErrorResponse)}}} for c in codes}
     routes = {("post", "/v1/completions"): (S.CompletionRequest, R.CompletionResponse, True),
@@ -255,7 +258,7 @@ def openapi_spec(app) -> dict:
     for (method, path), (req, res, streams) in routes.items():
         op = spec["paths"][path][method]
         ok = {"application/json": {"schema": ref(res)}}
-        if streams: ok["text/event-stream"] = {"schema": {"type": "string", "description": "server-sent events, ending with `data: [DONE]`"}}
+        if streams: ok["text/event-stream"] = {"schema": {"description": "server-sent events (`stream: true`): chunks, then `data: [DONE]`"}}
         op["responses"] = {"200": {"description": "OK", "content": ok}}
         if path == "/health":
             op["responses"]["503"] = {"description": "The engine is stopped", "content": {"application/json": {"schema": ref(res)}}}

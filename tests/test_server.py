@@ -543,3 +543,21 @@ def test_metric_labels_agree(server, client):
     assert _metric(server, "litellama_requests_total", endpoint="chat_completions", outcome="success") == ok + 1
     assert _metric(server, "litellama_requests_total", endpoint="chat_completions", outcome="error") == bad + 1
     assert _metric(server, "litellama_requests_total", endpoint="chat") == 0
+
+
+# ---------------------------------------------------------------------------------------------------- the schema is real
+def test_schemathesis_over_openapi(server):
+    """schemathesis fuzzes every operation of the served /openapi.json (all checks, a bounded number of examples): no
+    server error, and every response — errors and streams included — matches what the schema declares. (The check that
+    every schema-valid request is accepted is left out: whether a prompt plus max_tokens fits the context depends on the
+    prompt's token count, which no JSON schema can state.)"""
+    import importlib.util
+    if importlib.util.find_spec("schemathesis") is None: pytest.skip("schemathesis is not installed (pip install 'litellama[dev]')")
+    code = ("import sys; from schemathesis.cli import schemathesis; sys.argv = ['st'] + sys.argv[1:]; sys.exit(schemathesis())")
+    args = ["run", server + "/openapi.json", "--checks", "all", "--exclude-checks", "positive_data_acceptance",
+            "--phases", "examples,fuzzing", "--max-examples", "10", "--seed", "1", "-H", f"Authorization: Bearer {KEY}",
+            "--no-color", "--request-timeout", "60"]
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "generated" in r.stdout
+    _wait_idle(server)
