@@ -557,7 +557,86 @@ def test_schemathesis_over_openapi(server):
     args = ["run", server + "/openapi.json", "--checks", "all", "--exclude-checks", "positive_data_acceptance",
             "--phases", "examples,fuzzing", "--max-examples", "10", "--seed", "1", "-H", f"Authorization: Bearer {KEY}",
             "--no-color", "--request-timeout", "60"]
-    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, cwd=tempfile.mkdtemp())
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "generated" in r.stdout
     _wait_idle(server)
+
+
+# ---------------------------------------------------------------------------------------------------- soak
+def test_soak_64_clients_bundled_model(tmp_path):
+    """64 concurrent clients on the bundled SmolLM2: plain and streamed completions and chats, bad requests, clients that
+    disconnect (streamed and not). Every good request's text equals its solo run (temperature 0), the bad ones get
+    4xx with OpenAI's error body, no block is leaked, and /health answers within 100 ms throughout."""
+    from pathlib import Path
+    if not (Path.home() / ".cache" / "litellama").exists(): pytest.skip("bundled model not converted on this machine")
+    import random
+    log = open(tmp_path / "server-soak.log", "w")
+    proc, url = _start_server(None, _free_port(), log)
+    t_start = time.perf_counter()
+    try:
+        topics = ["rivers", "cats", "the moon", "bread", "trains", "music", "snow", "tea"]
+        comp = lambda i, **kw: {"model": MODEL, "prompt": f"A short fact about {topics[i]}:", "max_tokens": 6, "temperature": 0, **kw}
+        chat = lambda i, **kw: {"model": MODEL, "messages": [{"role": "user", "content": f"One word about {topics[i]}?"}],
+                                "max_tokens": 6, "temperature": 0, **kw}
+        bad = [{"model": MODEL, "prompt": "x", "max_tokens": 0}, {"model": MODEL, "prompt": "x", "top_k": 2**63},
+               {"model": MODEL, "prompt": "x", "stream_options": {"include_usage": True}}, {"model": MODEL, "prompt": [10**9]},
+               {"model": MODEL, "messages": []}, {"model": MODEL, "prompt": "x", "n": MAX_N + 100}]
+        with httpx.Client(timeout=120) as c:
+            solo = {("c", i): c.post(url + C, json=comp(i), headers=AUTH).json()["choices"][0]["text"] for i in range(8)}
+            solo.update({("ch", i): c.post(url + CH, json=chat(i), headers=AUTH).json()["choices"][0]["message"]["content"]
+                         for i in range(8)})
+        rng = random.Random(25)
+        plan = [rng.choice(["plain", "plain", "stream", "chat", "chat-stream", "bad", "leave", "leave-stream"]) for _ in range(64)]
+        health, stop = [], threading.Event()
+
+        def poll():
+            with httpx.Client(timeout=30) as hc:
+                while not stop.is_set():
+                    t = time.perf_counter(); r = hc.get(url + "/health")
+                    health.append((time.perf_counter() - t, r.status_code)); time.sleep(0.02)
+
+        async def client(ac, k, kind):
+            i = k % 8
+            await asyncio.sleep(rng.random() * 0.5)
+            if kind == "plain":
+                r = await ac.post(url + C, json=comp(i)); return ("c", i), r.json()["choices"][0]["text"]
+            if kind == "chat":
+                r = await ac.post(url + CH, json=chat(i)); return ("ch", i), r.json()["choices"][0]["message"]["content"]
+            if kind in ("stream", "chat-stream"):
+                key, body = (("c", i), comp(i, stream=True)) if kind == "stream" else (("ch", i), chat(i, stream=True))
+                text = ""
+                async with ac.stream("POST", url + (C if kind == "stream" else CH), json=body) as r:
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]": continue
+                        ch = json.loads(line[6:])["choices"][0]
+                        text += ch.get("text") or (ch.get("delta") or {}).get("content") or ""
+                return key, text
+            if kind == "bad":
+                r = await ac.post(url + (CH if "messages" in bad[k % len(bad)] else C), json=bad[k % len(bad)])
+                return "bad", (r.status_code, set(r.json()["error"]))
+            long = comp(i, max_tokens=200, ignore_eos=True, stream=kind == "leave-stream")
+            try:
+                if kind == "leave":
+                    await ac.post(url + C, json=long, timeout=httpx.Timeout(60, read=0.5))
+                else:
+                    async with ac.stream("POST", url + C, json=long) as r:
+                        async for _ in r.aiter_lines(): break
+            except httpx.ReadTimeout: pass
+            return "left", None
+
+        async def main():
+            async with httpx.AsyncClient(headers=AUTH, timeout=120, limits=httpx.Limits(max_connections=None)) as ac:
+                return await asyncio.gather(*[client(ac, k, kind) for k, kind in enumerate(plan)])
+        th = threading.Thread(target=poll, daemon=True); th.start()
+        try: results = asyncio.run(main())
+        finally: stop.set(); th.join()
+        for key, got in results:
+            if key == "bad": assert got[0] in (400, 404) and got[1] == {"message", "type", "param", "code"}, got
+            elif key != "left": assert got == solo[key], (key, got, solo[key])
+        assert all(s == 200 for _, s in health) and len(health) > 10
+        assert max(l for l, _ in health) < 0.1, sorted(l for l, _ in health)[-5:]
+        _wait_idle(url)                                      # every block back in the pool
+        assert time.perf_counter() - t_start < 120
+    finally:
+        proc.terminate(); proc.wait(30); log.close()
