@@ -57,6 +57,7 @@ class Completion:
     finish_reason: str | None = None
     logprobs: list = field(default_factory=list)
     needs_history: bool = False           # penalties: sampling needs every token on the host
+    matcher: object = None                # structured outputs: the grammar's parse state (an xgrammar GrammarMatcher)
 
 # %% ../nbs/12_engine.ipynb #87db56f9
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}  # auto: the model's dtype
@@ -84,7 +85,7 @@ class ContinuousBatchingEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.eos_ids = self._eos_ids(); self._eos_set = frozenset(self.eos_ids)
-        self.requests, self.by_seq, self._pending, self._in_flight = {}, {}, [], None
+        self.requests, self.by_seq, self._pending, self._in_flight, self._grammars = {}, {}, [], None, None
         self._seq_ids, self._rng, self.num_steps = itertools.count(), random.Random(seed), 0
         self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
 
@@ -144,13 +145,23 @@ def add_request(self, prompt, params: SamplingParams | None = None, request_id: 
     for i in range(params.n):
         seq = Sequence(next(self._seq_ids), list(ids), len(ids))
         det = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens, lazy=not stream) if self.tokenizer else None
-        comps.append(Completion(request_id, i, seq, params, (base_seed + i) % SEED_RANGE, det, max_tokens, needs_history=uses_history(params)))
+        comps.append(Completion(request_id, i, seq, params, (base_seed + i) % SEED_RANGE, det, max_tokens, needs_history=uses_history(params),
+                                matcher=self._matcher(params.structured_outputs)))
     self.requests[request_id] = comps
     for c in comps:
         self.by_seq[c.seq.seq_id] = c; self.scheduler.add(c.seq)
     return request_id
 
-ContinuousBatchingEngine.tokenize, ContinuousBatchingEngine.add_request = tokenize, add_request
+def _matcher(self, so):
+    "A grammar matcher for structured outputs `so` (None: none); the grammar backend is built on first use."
+    if so is None: return None
+    if self.tokenizer is None: raise ValueError("structured outputs need the checkpoint's tokenizer")
+    if self._grammars is None:
+        from litellama.structured_outputs import GrammarBackend
+        self._grammars = GrammarBackend(self.tokenizer, self.config.vocab_size)
+    return self._grammars.matcher(so)
+
+ContinuousBatchingEngine.tokenize, ContinuousBatchingEngine.add_request, ContinuousBatchingEngine._matcher = tokenize, add_request, _matcher
 
 # %% ../nbs/12_engine.ipynb #e45bfb3f
 @dataclass
@@ -184,11 +195,15 @@ def _launch(self, outputs: list) -> InFlightStep | None:
     self.num_steps += 1
     done = [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens == s.num_tokens]
     if not done: return None
-    if prev is not None and any(c.needs_history for c in done):    # penalties need every token on the host
+    if prev is not None and any(c.needs_history or c.matcher is not None for c in done):   # penalties, grammars: every token
         outputs += self._read_back(prev); self._in_flight = None
     rows = [(c.params, c.seed, c.seq.token_ids[:c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids) if c.needs_history
             else (c.params, c.seed, (), c.seq.num_output_tokens, self.eos_ids) for c in done]
-    ids, lp, done = self._sample(logits, done, rows)
+    bitmask = None
+    if any(c.matcher is not None for c in done):
+        from litellama.structured_outputs import fill_bitmask
+        bitmask = fill_bitmask([c.matcher for c in done], logits.shape[-1])
+    ids, lp, done = self._sample(logits, done, rows, bitmask)
     if not done: return None
     host, ready = ids, None
     if ids.device.type == "cuda":
@@ -220,6 +235,9 @@ def _append_token(self, c: Completion, tok: int, pos: int, logprobs) -> StepOutp
     if logprobs is not None: c.logprobs.append(logprobs)
     n_out, p = pos + 1 - c.seq.num_prompt_tokens, c.params
     stopped = c.detok.add_token(tok) if c.detok else False
+    if c.matcher is not None and not c.matcher.is_terminated():
+        c.matcher.accept_token(tok)
+        stopped = stopped or c.matcher.is_terminated()          # the grammar is complete (it took the end token)
     is_stop_token = tok in p.stop_token_ids or (tok in self._eos_set and not p.ignore_eos)
     if stopped or (is_stop_token and n_out >= p.min_tokens): c.finish_reason = "stop"
     elif n_out >= c.max_tokens or pos + 1 >= self.max_model_len: c.finish_reason = "length"
@@ -263,20 +281,21 @@ def _execute(self, plan: SchedulerOutput, prev_ids) -> tuple:
     plan = SchedulerOutput([(s, n) for s, n in plan.scheduled if s.seq_id in self.by_seq], plan.preempted)
     return (self.runner.execute(plan, prev_ids) if plan.scheduled else None), plan
 
-def _sample(self, logits, done: list, rows: list) -> tuple:
+def _sample(self, logits, done: list, rows: list, bitmask=None) -> tuple:
     "`(ids, logprobs, done)`: the step's rows sampled together; the requests of rows that fail alone are failed and dropped."
     V, dev = logits.shape[-1], logits.device
-    try: return (*sample_on_device(logits, SamplingTensors.build(rows, V, dev)), done)
+    mask = lambda js: None if bitmask is None else bitmask[js]
+    try: return (*sample_on_device(logits, SamplingTensors.build(rows, V, dev, bitmask)), done)
     except Exception as e: err = e
     failed = set()
     for j, (c, row) in enumerate(zip(done, rows)):
-        try: sample_on_device(logits[j:j + 1], SamplingTensors.build([row], V, dev))
+        try: sample_on_device(logits[j:j + 1], SamplingTensors.build([row], V, dev, mask([j])))
         except Exception as e:
             failed.add(c.request_id); self._end_request(c.request_id, "error", f"sampling failed for this request: {type(e).__name__}: {e}")
     if not failed: raise err
     keep = [j for j, c in enumerate(done) if c.request_id not in failed]
     if not keep: return None, None, []
-    ids, lp = sample_on_device(logits[keep], SamplingTensors.build([rows[j] for j in keep], V, dev))
+    ids, lp = sample_on_device(logits[keep], SamplingTensors.build([rows[j] for j in keep], V, dev, mask(keep)))
     return ids, lp, [done[j] for j in keep]
 
 ContinuousBatchingEngine._execute, ContinuousBatchingEngine._sample = _execute, _sample
