@@ -158,7 +158,8 @@ def _matcher(self, so):
     if self.tokenizer is None: raise ValueError("structured outputs need the checkpoint's tokenizer")
     if self._grammars is None:
         from litellama.structured_outputs import GrammarBackend
-        self._grammars = GrammarBackend(self.tokenizer, self.config.vocab_size)
+        try: self._grammars = GrammarBackend(self.tokenizer, self.config.vocab_size)
+        except ImportError as e: raise ValueError(f"structured_outputs: {e}") from None
     return self._grammars.matcher(so)
 
 ContinuousBatchingEngine.tokenize, ContinuousBatchingEngine.add_request, ContinuousBatchingEngine._matcher = tokenize, add_request, _matcher

@@ -6,15 +6,16 @@ Docs: https://litellama.github.io/litellama/nbs/server.html.md"""
 
 # %% auto #0
 __all__ = ['DISCONNECT_POLL_S', 'GRACEFUL_SHUTDOWN_S', 'APIError', 'ServerLimits', 'max_token_chars', 'check_chars', 'schemas',
-           'response_schemas', 'openapi_spec', 'sampling_params', 'chat_prompt', 'prompt_ids', 'check_length',
-           'split_prompts', 'completion_logprobs', 'chat_logprobs', 'ServerMetrics', 'completions', 'chat_completions',
-           'BearerAuth', 'build_app', 'serve', 'bench_serving']
+           'response_schemas', 'openapi_spec', 'structured_outputs', 'sampling_params', 'chat_prompt', 'prompt_ids',
+           'check_length', 'split_prompts', 'completion_logprobs', 'chat_logprobs', 'ServerMetrics', 'completions',
+           'chat_completions', 'BearerAuth', 'build_app', 'serve', 'bench_serving']
 
 # %% ../nbs/15_server.ipynb #3d1376f5
 import asyncio, functools, json, math, random, secrets, signal, statistics, time, uuid
 from dataclasses import dataclass
 from .async_engine import RequestError
 from .sampling import SamplingParams
+from .structured_outputs import StructuredOutputsParams
 
 # %% ../nbs/15_server.ipynb #32c15c62
 def _need(name: str):
@@ -38,6 +39,7 @@ class APIError(Exception):
 
 def _param_of(msg: str):
     "Guess which request field a validation message is about (`SamplingParams` names the field first)."
+    if msg.startswith("structured_outputs"): return "response_format"
     for p in ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
               "frequency_penalty", "logprobs", "stop_token_ids", "stop", "n", "seed", "logit_bias"):
         if msg.startswith(p + " "): return p
@@ -72,6 +74,16 @@ def schemas():
     class StreamOptions(BaseModel):
         include_usage: StrictBool = False
 
+    class JSONSchema(BaseModel):
+        name: StrictStr = "response"
+        description: StrictStr | None = None
+        schema_: dict = Field(default_factory=dict, alias="schema")
+        strict: StrictBool | None = None
+
+    class ResponseFormat(BaseModel):
+        type: Literal["text", "json_object", "json_schema"]
+        json_schema: JSONSchema | None = None
+
     class Common(BaseModel):
         model_config = ConfigDict(extra="ignore")
         model: StrictStr
@@ -92,6 +104,10 @@ def schemas():
         min_tokens: StrictInt = 0
         stop_token_ids: list[StrictInt] | None = None
         logit_bias: dict[str, float] | None = None
+        response_format: ResponseFormat | None = None
+        guided_json: dict | StrictStr | None = None
+        guided_regex: StrictStr | None = None
+        guided_choice: list[StrictStr] | None = None
         user: StrictStr | None = None
 
     class CompletionRequest(Common):
@@ -271,6 +287,20 @@ def openapi_spec(app) -> dict:
     return spec
 
 # %% ../nbs/15_server.ipynb #79e23d1c
+def structured_outputs(req) -> StructuredOutputsParams | None:
+    "OpenAI's `response_format` (or vLLM's `guided_json` / `guided_regex` / `guided_choice`) as `StructuredOutputsParams`."
+    rf, asked = req.response_format, {}
+    if rf is not None and rf.type == "json_object": asked["json_object"] = True
+    elif rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None: raise APIError("response_format of type json_schema needs a json_schema", param="response_format")
+        asked["json"] = rf.json_schema.schema_            # strict or not, the schema is enforced
+    for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice")):
+        if getattr(req, name) is not None: asked[key] = getattr(req, name)
+    if not asked: return None
+    if len(asked) > 1: raise APIError("give one of response_format, guided_json, guided_regex, guided_choice", param="response_format")
+    try: return StructuredOutputsParams(**asked)
+    except ValueError as e: raise APIError(str(e), param="response_format") from None
+
 def sampling_params(req, default_max_tokens=None, logprobs=None, limits: ServerLimits | None = None) -> SamplingParams:
     "Build `SamplingParams` from a completion or chat request; bad values raise `APIError` (400)."
     limits = limits or ServerLimits()
@@ -284,13 +314,14 @@ def sampling_params(req, default_max_tokens=None, logprobs=None, limits: ServerL
         raise APIError(f"best_of must equal n ({req.n}): choosing the best of several completions is not supported", param="best_of")
     if req.stream_options is not None and not req.stream:
         raise APIError("stream_options is only allowed when stream is true", param="stream_options")
+    so = structured_outputs(req)
     try:
         return SamplingParams(n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
                               top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k, min_p=req.min_p,
                               repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
                               frequency_penalty=req.frequency_penalty, max_tokens=max_tokens, min_tokens=req.min_tokens,
                               stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, seed=req.seed,
-                              logprobs=logprobs, logit_bias=req.logit_bias)
+                              logprobs=logprobs, logit_bias=req.logit_bias, structured_outputs=so)
     except ValueError as e: raise APIError(str(e), param=_param_of(str(e))) from None
 
 # %% ../nbs/15_server.ipynb #56781b8d

@@ -640,3 +640,64 @@ def test_soak_64_clients_bundled_model(tmp_path):
         assert time.perf_counter() - t_start < 120
     finally:
         proc.terminate(); proc.wait(30); log.close()
+
+
+# ---------------------------------------------------------------------------------------------------- structured outputs
+def _needs_xgrammar():
+    import importlib.util
+    if importlib.util.find_spec("xgrammar") is None: pytest.skip("xgrammar is not installed (pip install 'litellama[structured]')")
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}, "sunny": {"type": "boolean"},
+                                           "rank": {"type": "integer", "minimum": 1, "maximum": 9}},
+          "required": ["city", "sunny", "rank"], "additionalProperties": False}
+
+
+def _valid(obj):
+    assert set(obj) == {"city", "sunny", "rank"} and obj["city"] in ("Paris", "Rome", "Oslo"), obj
+    assert isinstance(obj["sunny"], bool) and isinstance(obj["rank"], int) and 1 <= obj["rank"] <= 9, obj
+
+
+def test_response_format_json_schema(client):
+    "The random model's answers, plain, streamed and batched with free requests, parse and follow the schema."
+    _needs_xgrammar()
+    rf = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA, "strict": True}}
+    kw = dict(model=MODEL, max_tokens=60, temperature=0.9, seed=5)
+    r = client.chat.completions.create(messages=MSGS, response_format=rf, n=2, **kw)
+    for ch in r.choices: assert ch.finish_reason == "stop"; _valid(json.loads(ch.message.content))
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(messages=MSGS, response_format=rf, stream=True, **kw) if c.choices)
+    _valid(json.loads(streamed))
+    c = client.completions.create(prompt="Weather:", extra_body={"response_format": rf}, **kw).choices[0]
+    _valid(json.loads(c.text))
+    free = client.completions.create(model=MODEL, prompt="Weather:", max_tokens=8, temperature=0).choices[0].text
+
+    async def mixed():
+        ac = openai.AsyncOpenAI(base_url=client.base_url, api_key=KEY, max_retries=0, timeout=120)
+        try:
+            return await asyncio.gather(*[ac.chat.completions.create(messages=MSGS, response_format=rf, **kw) for _ in range(3)],
+                                        ac.completions.create(model=MODEL, prompt="Weather:", max_tokens=8, temperature=0))
+        finally: await ac.close()
+    *structured, plain = asyncio.run(mixed())
+    for s in structured: _valid(json.loads(s.choices[0].message.content))
+    assert plain.choices[0].text == free                       # requests without a grammar are untouched
+
+
+def test_response_format_json_object_choice_regex(client, server):
+    _needs_xgrammar()
+    r = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=80, temperature=0.7, seed=2,
+                                       response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop": assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else: assert r.choices[0].message.content.startswith("{")   # cut by max_tokens: still the start of an object
+    pick = client.completions.create(model=MODEL, prompt="Pick:", max_tokens=10, temperature=1.0, seed=3,
+                                     extra_body={"guided_choice": ["alpha", "beta"]}).choices[0]
+    assert pick.text in ("alpha", "beta") and pick.finish_reason == "stop"
+    import re
+    rx = client.completions.create(model=MODEL, prompt="Code:", max_tokens=10, temperature=1.0, seed=4,
+                                   extra_body={"guided_regex": "[A-Z]{2}-[0-9]{3}"}).choices[0].text
+    assert re.fullmatch("[A-Z]{2}-[0-9]{3}", rx), rx
+    for body in ({"response_format": {"type": "json_schema"}}, {"response_format": {"type": "json_schema", "json_schema":
+                  {"name": "x", "schema": {"type": "no-such-type"}}}}, {"guided_choice": ["a"], "guided_regex": "a"}):
+        e = httpx.post(server + C, json={**OK, **body}, headers=AUTH, timeout=60)
+        assert e.status_code == 400 and e.json()["error"]["param"] == "response_format", e.text
+    _wait_idle(server)
