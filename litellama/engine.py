@@ -18,8 +18,8 @@ from .kv_cache import BlockManager, Sequence
 from .loader import load_model, resolve_device, resolve_dtype
 from .model_runner import ModelRunner
 from .multimodal import MultiModalError, TokensWithImages, load_image_processor, parse_prompt, process_images as encode_images
-from .sampling import SamplingParams, SamplingTensors, logprobs_to_host, sample_on_device, uses_history
-from .scheduler import Scheduler
+from .sampling import SEED_RANGE, SamplingParams, SamplingTensors, logprobs_to_host, sample_on_device, uses_history
+from .scheduler import Scheduler, SchedulerOutput
 
 log = logging.getLogger("litellama")
 
@@ -32,11 +32,12 @@ class StepOutput:
     delta: str                    # new text (held back while it may begin a stop string)
     token_ids: list               # new token ids
     finished: bool = False
-    finish_reason: str | None = None   # 'stop', 'length' or 'abort'
+    finish_reason: str | None = None   # 'stop', 'length', 'abort' or 'error'
     logprobs: list | None = None  # per new token: {token_id: logprob}
     text: str = ""                # the whole text, on the final output only
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    error: str | None = None      # finish_reason 'error': why this request failed inside a step
 
 @dataclass
 class EngineStats:
@@ -58,6 +59,7 @@ class Completion:
     finish_reason: str | None = None
     logprobs: list = field(default_factory=list)
     needs_history: bool = False           # penalties: sampling needs every token on the host
+    matcher: object = None                # structured outputs: the grammar's parse state (an xgrammar GrammarMatcher)
 
 # %% ../nbs/12_engine.ipynb #87db56f9
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}  # auto: the model's dtype
@@ -85,7 +87,7 @@ class ContinuousBatchingEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.eos_ids = self._eos_ids(); self._eos_set = frozenset(self.eos_ids)
-        self.requests, self.by_seq, self._pending, self._in_flight = {}, {}, [], None
+        self.requests, self.by_seq, self._pending, self._in_flight, self._grammars = {}, {}, [], None, None
         self._seq_ids, self._rng, self.num_steps = itertools.count(), random.Random(seed), 0
         self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
 
@@ -130,6 +132,9 @@ def add_request(self, prompt, params: SamplingParams | None = None, request_id: 
     elif isinstance(prompt, TokensWithImages): prompt, images = list(prompt), prompt.images
     ids, mm = self.process_images(self.tokenize(prompt), images)
     if not ids: raise ValueError("the prompt is empty")
+    V = self.config.vocab_size
+    for name, toks in (("stop_token_ids", params.stop_token_ids), ("logit_bias", list(params.logit_bias or ()))):
+        if not all(type(t) is int and 0 <= t < V for t in toks): raise ValueError(f"{name} must hold token ids in [0, {V})")
     if len(ids) >= self.max_model_len:
         raise ValueError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_model_len} tokens")
     room = self.max_model_len - len(ids)
@@ -140,18 +145,29 @@ def add_request(self, prompt, params: SamplingParams | None = None, request_id: 
     if need > self.block_manager.num_total_blocks:
         raise ValueError(f"the request needs {need} KV blocks (prompt {len(ids)} + max_tokens {max_tokens} tokens) "
                          f"but the cache holds only {self.block_manager.num_total_blocks}; lower max_tokens")
-    base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
+    base_seed = params.seed % SEED_RANGE if params.seed is not None else self._rng.getrandbits(62)
     comps = []
     for i in range(params.n):
         seq = Sequence(next(self._seq_ids), list(ids), len(ids), extra_keys=tuple(m.hash for m in mm), mm_inputs=mm)
         det = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens, lazy=not stream) if self.tokenizer else None
-        comps.append(Completion(request_id, i, seq, params, base_seed + i, det, max_tokens, needs_history=uses_history(params)))
+        comps.append(Completion(request_id, i, seq, params, (base_seed + i) % SEED_RANGE, det, max_tokens, needs_history=uses_history(params),
+                                matcher=self._matcher(params.structured_outputs)))
     self.requests[request_id] = comps
     for c in comps:
         self.by_seq[c.seq.seq_id] = c; self.scheduler.add(c.seq)
     return request_id
 
-ContinuousBatchingEngine.tokenize, ContinuousBatchingEngine.add_request = tokenize, add_request
+def _matcher(self, so):
+    "A grammar matcher for structured outputs `so` (None: none); the grammar backend is built on first use."
+    if so is None: return None
+    if self.tokenizer is None: raise ValueError("structured outputs need the checkpoint's tokenizer")
+    if self._grammars is None:
+        from litellama.structured_outputs import GrammarBackend
+        try: self._grammars = GrammarBackend(self.tokenizer, self.config.vocab_size)
+        except ImportError as e: raise ValueError(f"structured_outputs: {e}") from None
+    return self._grammars.matcher(so)
+
+ContinuousBatchingEngine.tokenize, ContinuousBatchingEngine.add_request, ContinuousBatchingEngine._matcher = tokenize, add_request, _matcher
 
 # %% ../nbs/12_engine.ipynb #a23e0001
 def process_images(self, ids: list, images: list):
@@ -187,22 +203,28 @@ def step(self) -> list:
     self._in_flight = launched
     if launched is not None and (not self.async_scheduling or launched.logprobs is not None):
         outputs += self._read_back(launched); self._in_flight = None
+    outputs += self._pending; self._pending = []        # requests that failed inside this step
     return outputs
 
 def _launch(self, outputs: list) -> InFlightStep | None:
     "Run the model and the sampler on one scheduled step, leaving a placeholder for each sampled token."
     plan = self.scheduler.schedule()
     prev = self._in_flight
-    logits = self.runner.execute(plan, prev.token_ids if prev is not None else None)
+    logits, plan = self._execute(plan, prev.token_ids if prev is not None else None)
     self.scheduler.update(plan)
     self.num_steps += 1
     done = [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens == s.num_tokens]
     if not done: return None
-    if prev is not None and any(c.needs_history for c in done):    # penalties need every token on the host
+    if prev is not None and any(c.needs_history or c.matcher is not None for c in done):   # penalties, grammars: every token
         outputs += self._read_back(prev); self._in_flight = None
     rows = [(c.params, c.seed, c.seq.token_ids[:c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids) if c.needs_history
             else (c.params, c.seed, (), c.seq.num_output_tokens, self.eos_ids) for c in done]
-    ids, lp = sample_on_device(logits, SamplingTensors.build(rows, logits.shape[-1], logits.device))
+    bitmask = None
+    if any(c.matcher is not None for c in done):
+        from litellama.structured_outputs import fill_bitmask
+        bitmask = fill_bitmask([c.matcher for c in done], logits.shape[-1])
+    ids, lp, done = self._sample(logits, done, rows, bitmask)
+    if not done: return None
     host, ready = ids, None
     if ids.device.type == "cuda":
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True).copy_(ids, non_blocking=True)
@@ -233,6 +255,9 @@ def _append_token(self, c: Completion, tok: int, pos: int, logprobs) -> StepOutp
     if logprobs is not None: c.logprobs.append(logprobs)
     n_out, p = pos + 1 - c.seq.num_prompt_tokens, c.params
     stopped = c.detok.add_token(tok) if c.detok else False
+    if c.matcher is not None and not c.matcher.is_terminated():
+        c.matcher.accept_token(tok)
+        stopped = stopped or c.matcher.is_terminated()          # the grammar is complete (it took the end token)
     is_stop_token = tok in p.stop_token_ids or (tok in self._eos_set and not p.ignore_eos)
     if stopped or (is_stop_token and n_out >= p.min_tokens): c.finish_reason = "stop"
     elif n_out >= c.max_tokens or pos + 1 >= self.max_model_len: c.finish_reason = "length"
@@ -252,19 +277,66 @@ def _forget(self, c: Completion):
 ContinuousBatchingEngine.step, ContinuousBatchingEngine._launch, ContinuousBatchingEngine._read_back = step, _launch, _read_back
 ContinuousBatchingEngine._append_token, ContinuousBatchingEngine._forget = _append_token, _forget
 
+# %% ../nbs/12_engine.ipynb #15a10002
+def _culprits(items: list, run) -> list:
+    "The `(item, error)` pairs of the items of `items` (which fail together under `run`) that fail alone, by bisection."
+    if len(items) == 1:
+        try: run(items); return []
+        except Exception as e: return [(items[0], e)]
+    bad = []
+    for part in (items[:len(items) // 2], items[len(items) // 2:]):
+        try: run(part)
+        except Exception as e: bad += _culprits(part, run) if len(part) > 1 else [(part[0], e)]
+    return bad
+
+def _execute(self, plan: SchedulerOutput, prev_ids) -> tuple:
+    "`(logits, plan)`: the step's forward, with the sequences whose presence makes it fail failed and left out."
+    try: return self.runner.execute(plan, prev_ids), plan
+    except Exception as e: err = e
+    bad = _culprits(plan.scheduled, lambda part: self.runner.execute(SchedulerOutput(part), prev_ids))
+    if not bad: raise err
+    for (seq, _), e in bad:
+        c = self.by_seq.get(seq.seq_id)
+        if c is not None: self._end_request(c.request_id, "error", f"the model failed on this request: {type(e).__name__}: {e}")
+    plan = SchedulerOutput([(s, n) for s, n in plan.scheduled if s.seq_id in self.by_seq], plan.preempted)
+    return (self.runner.execute(plan, prev_ids) if plan.scheduled else None), plan
+
+def _sample(self, logits, done: list, rows: list, bitmask=None) -> tuple:
+    "`(ids, logprobs, done)`: the step's rows sampled together; the requests of rows that fail alone are failed and dropped."
+    V, dev = logits.shape[-1], logits.device
+    mask = lambda js: None if bitmask is None else bitmask[js]
+    try: return (*sample_on_device(logits, SamplingTensors.build(rows, V, dev, bitmask)), done)
+    except Exception as e: err = e
+    failed = set()
+    for j, (c, row) in enumerate(zip(done, rows)):
+        try: sample_on_device(logits[j:j + 1], SamplingTensors.build([row], V, dev, mask([j])))
+        except Exception as e:
+            failed.add(c.request_id); self._end_request(c.request_id, "error", f"sampling failed for this request: {type(e).__name__}: {e}")
+    if not failed: raise err
+    keep = [j for j, c in enumerate(done) if c.request_id not in failed]
+    if not keep: return None, None, []
+    ids, lp = sample_on_device(logits[keep], SamplingTensors.build([rows[j] for j in keep], V, dev, mask(keep)))
+    return ids, lp, [done[j] for j in keep]
+
+ContinuousBatchingEngine._execute, ContinuousBatchingEngine._sample = _execute, _sample
+
 # %% ../nbs/12_engine.ipynb #a88ad1fb
 def abort_request(self, request_id: str) -> bool:
     "Stop a request now and free its blocks; its last output (reason 'abort') comes with the next `step()`."
+    return self._end_request(request_id, "abort")
+
+def _end_request(self, request_id: str, reason: str, error: str | None = None) -> bool:
+    "Finish every completion of a request now with `reason` (and `error`), freeing its blocks; outputs go to `_pending`."
     comps = self.requests.pop(request_id, None)
     if comps is None: return False
     for c in comps:
         if c.finished: continue
-        c.finished, c.finish_reason = True, "abort"
+        c.finished, c.finish_reason = True, reason
         del c.seq.token_ids[c.seq.num_known_tokens:]               # tokens of launched steps are dropped
         self.scheduler.finish(c.seq); self.by_seq.pop(c.seq.seq_id, None)
         delta = c.detok.take_delta(True) if c.detok else ""
-        self._pending.append(StepOutput(c.request_id, c.index, delta, [], True, "abort", None,
-                                        c.detok.text if c.detok else "", c.seq.num_prompt_tokens, c.seq.num_output_tokens))
+        self._pending.append(StepOutput(c.request_id, c.index, delta, [], True, reason, None, c.detok.text if c.detok else "",
+                                        c.seq.num_prompt_tokens, c.seq.num_output_tokens, error))
     return True
 
 def has_unfinished_requests(self) -> bool: return bool(self.requests or self._pending or self._in_flight)
@@ -275,5 +347,6 @@ def stats(self) -> EngineStats:
     return EngineStats(s.num_preemptions, s.num_prefix_hit_tokens, bm.num_free_blocks, bm.num_total_blocks,
                        len(s.running), len(s.waiting), s.num_chunked_prefills, self.num_steps, self.runner.capacity_tokens)
 
-ContinuousBatchingEngine.abort_request, ContinuousBatchingEngine.has_unfinished_requests = abort_request, has_unfinished_requests
+ContinuousBatchingEngine.abort_request, ContinuousBatchingEngine._end_request = abort_request, _end_request
+ContinuousBatchingEngine.has_unfinished_requests = has_unfinished_requests
 ContinuousBatchingEngine.stats = stats

@@ -42,7 +42,7 @@ def _gumbel_argmax_kernel(logits_ptr, s_row, temp_ptr, seeds_ptr, steps_ptr, bes
         mask = cols < hi
         x = tl.load(logits_ptr + r.to(tl.int64) * s_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
         h = _mix32(_mix32(row_hash ^ (cols.to(tl.uint32) * 0x27D4EB2F)) ^ seed_hi)
-        u = ((h >> 8).to(tl.float32) + 0.5) / 16777216.0
+        u = ((h >> 9).to(tl.float32) + 0.5) / 8388608.0     # 23 bits: u < 1 exactly, as uniform_noise
         score = tl.where(mask, x / t - tl.log(-tl.log(u)), float("-inf"))
         better = score > best_v                     # strict: the earliest column wins a tie
         best_v = tl.where(better, score, best_v)
