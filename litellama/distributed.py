@@ -85,18 +85,19 @@ def check_port_free(port: int, host: str = "127.0.0.1"):
 
 # %% ../nbs/24_distributed.ipynb #9cb64bc4
 def init_distributed(rank: int, world_size: int, device="cpu", master_addr: str = "127.0.0.1", master_port: int | None = None,
-                     timeout_s: float = 600.0) -> ParallelState:
-    "Join the `world_size` ranks as `rank` (rank 0 hosts the rendezvous store) and create the data and control groups."
+                     timeout_s: float = 600.0, init_method: str | None = None) -> ParallelState:
+    """Join the `world_size` ranks as `rank` and create the data and control groups: by default rank 0 hosts the
+    rendezvous store at `master_addr:master_port`; `init_method='env://'` uses torchrun's."""
     global _STATE
     if _STATE is not None: raise DistributedError("this process already belongs to a tensor-parallel group")
     device = torch.device(device)
     master_port = int(master_port or os.environ.get("MASTER_PORT") or 29500)
-    if rank == 0 and not dist.is_initialized(): check_port_free(master_port, master_addr if master_addr != "localhost" else "127.0.0.1")
+    if rank == 0 and init_method is None and not dist.is_initialized(): check_port_free(master_port, master_addr if master_addr != "localhost" else "127.0.0.1")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda": torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+        dist.init_process_group(backend, init_method=init_method or f"tcp://{master_addr}:{master_port}", rank=rank,
                                 world_size=world_size, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=7))   # workers wait here between steps
     _STATE = ParallelState(rank, world_size, device, dist.group.WORLD, control, backend)
