@@ -91,15 +91,18 @@ class ContinuousBatchingEngine:
         if executor is not None: self.async_scheduling = False     # steps across processes are not overlapped yet
 
     @classmethod
-    def from_pretrained(cls, path=None, dtype="auto", device="auto", tensor_parallel_size: int = 1, **engine_options):
-        "Load the checkpoint at `path` (default: the bundled model) and build an engine over it (on N ranks if tensor-parallel)."
+    def from_pretrained(cls, path=None, dtype="auto", device="auto", quantization=None, tensor_parallel_size: int = 1,
+                        **engine_options):
+        """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
+        scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
+        `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard."""
         from transformers import AutoTokenizer
         model_dir = resolve_model_dir(path)
         device = resolve_device(device)
         if tensor_parallel_size != 1:
             from litellama.executor import engine_options_for_tp
-            model, config, engine_options = engine_options_for_tp(model_dir, tensor_parallel_size, dtype, device, engine_options)
-        else: model, config = load_model(model_dir, dtype, device)
+            model, config, engine_options = engine_options_for_tp(model_dir, tensor_parallel_size, dtype, device, engine_options, quantization)
+        else: model, config = load_model(model_dir, dtype, device, quantization)
         try: tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         except Exception: tokenizer = None
         return cls(model, config, tokenizer, model_dir, device=device, dtype=resolve_dtype(dtype, device), **engine_options)

@@ -91,9 +91,10 @@ def sample_parallel(logits: torch.Tensor, rows: list, vocab: int) -> tuple:
 class Worker:
     "One tensor-parallel rank: a model shard, its `ModelRunner` (weights and KV cache of its heads), the sampler."
     def __init__(self, model_dir, rank: int, size: int, device, dtype, *, block_size=16, num_kv_blocks=None,
-                 max_num_batched_tokens=8192, kv_cache_memory=None, gpu_memory_utilization=0.9, kv_cache_dtype=None):
+                 max_num_batched_tokens=8192, kv_cache_memory=None, gpu_memory_utilization=0.9, kv_cache_dtype=None,
+                 quantization=None):
         self.rank, self.size, self.num_steps = rank, size, 0
-        self.model, self.config, self.rank_config = load_sharded_model(model_dir, rank, size, dtype, device)
+        self.model, self.config, self.rank_config = load_sharded_model(model_dir, rank, size, dtype, device, quantization)
         dt = self.model.model.embed_tokens.weight.dtype
         self.runner = ModelRunner(self.model, self.rank_config, block_size, num_kv_blocks, device, dt,
                                   max_num_batched_tokens, kv_cache_memory, gpu_memory_utilization, kv_cache_dtype)
@@ -242,14 +243,14 @@ class MultiprocExecutor:
 # %% ../nbs/26_executor.ipynb #02485345
 _RUNNER_OPTIONS = ("block_size", "num_kv_blocks", "max_num_batched_tokens", "kv_cache_memory", "gpu_memory_utilization")
 
-def engine_options_for_tp(model_dir, tensor_parallel_size: int, dtype, device, engine_options: dict) -> tuple:
+def engine_options_for_tp(model_dir, tensor_parallel_size: int, dtype, device, engine_options: dict, quantization=None) -> tuple:
     "`(model=None, config, engine options with an executor)` for an engine over `tensor_parallel_size` ranks."
     from litellama.loader import resolve_dtype
     if tensor_parallel_size < 1: raise ValueError("tensor_parallel_size must be >= 1")
     opts = {k: engine_options[k] for k in _RUNNER_OPTIONS if engine_options.get(k) is not None}
     opts.setdefault("max_num_batched_tokens", 16384 if torch.device(device).type == "cuda" else 8192)
     kv = engine_options.get("kv_cache_dtype", "auto")
-    opts["kv_cache_dtype"] = {"auto": None, "fp8": torch.float8_e4m3fn}.get(kv)
+    opts["kv_cache_dtype"], opts["quantization"] = {"auto": None, "fp8": torch.float8_e4m3fn}.get(kv), quantization
     ex = MultiprocExecutor(model_dir, tensor_parallel_size, resolve_dtype(dtype, device), device,
                            master_port=engine_options.pop("master_port", None), **opts)
     return None, ex.config, {**engine_options, "executor": ex}

@@ -13,7 +13,7 @@ import copy, math
 import torch
 import torch.nn.functional as F
 from .distributed import all_reduce, tp_rank, tp_size
-from .layers import Embedding, Linear, linear
+from .layers import Embedding, LMHead, Linear, TiedWeight, head_dim, linear
 
 # %% ../nbs/25_parallel_layers.ipynb #77ed89f5
 def _cut(t: torch.Tensor, dim: int, index: int, parts: int) -> torch.Tensor:
@@ -28,11 +28,6 @@ def _divide(n: int, parts: int, what: str) -> int:
 
 def _ranks(rank, size):
     return (tp_rank() if rank is None else rank), (tp_size() if size is None else size)
-
-def _apply(layer: Linear, x: torch.Tensor) -> torch.Tensor:
-    "`layer`'s own multiplication, without its bias (through its linear method where it has one)."
-    m = getattr(layer, "method", None)
-    return m.apply(layer, x, None) if m is not None else linear(x, layer.weight)
 
 # %% ../nbs/25_parallel_layers.ipynb #36d9590d
 class ColumnParallelLinear(Linear):
@@ -87,7 +82,7 @@ class RowParallelLinear(Linear):
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard=None):
         super().load_weight(param_name, self.cut(param_name, tensor, shard), shard)
 
-    def partial(self, x): return _apply(self, x)
+    def partial(self, x): return self.method.apply(self, x, None)
     def forward(self, x):
         y = all_reduce(self.partial(x))
         return y if self.bias is None else y + self.bias
@@ -120,16 +115,29 @@ class VocabParallelEmbedding(Embedding):
         x = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill_(outside[:, None], 0)
         return all_reduce(x)
 
-class ParallelLMHead(VocabParallelEmbedding):
-    "The LM head's rows split as the embedding's: rank r computes logit columns `[r·ceil(V/N) …)` (padding included)."
-    def forward(self, hidden): return linear(hidden, self.weight)
+class ParallelLMHead(LMHead):
+    """The LM head's rows split as the embedding's: rank r computes logit columns `[r·ceil(V/N) …)` (padding included),
+    through its linear method; tied, it multiplies by the vocab-parallel embedding's rows."""
+    def __init__(self, hidden: int, vocab: int, dtype=None, device=None, quant=None, prefix="lm_head",
+                 tie: VocabParallelEmbedding | None = None, *, rank: int | None = None, size: int | None = None):
+        self.tp_rank, self.tp_size = _ranks(rank, size)
+        self.vocab_size, self.per_rank = vocab, -(-vocab // self.tp_size)
+        self.vocab_start = self.tp_rank * self.per_rank
+        super().__init__(hidden, self.per_rank, dtype, device, quant, prefix, tie=tie)
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard=None):
+        if param_name != "bias" and tensor.shape[0] != self.vocab_size:
+            raise ValueError(f"shape {tuple(tensor.shape)} has {tensor.shape[0]} rows, not the vocabulary's {self.vocab_size}")
+        piece = tensor[min(self.vocab_start, self.vocab_size):min(self.vocab_start + self.per_rank, self.vocab_size)]
+        if len(piece) < self.per_rank:                     # the last rank's padding rows: zeros
+            piece = torch.cat([piece, piece.new_zeros(self.per_rank - len(piece), *piece.shape[1:])])
+        super().load_weight(param_name, piece, shard)
 
 # %% ../nbs/25_parallel_layers.ipynb #95933484
 def rank_config(config, size: int):
     "`config` as one of `size` tensor-parallel ranks sees it (local heads, intermediate size and vocabulary)."
     c = copy.deepcopy(config)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    c.head_dim = head_dim
+    c.head_dim = head_dim(config)
     c.num_attention_heads = _divide(config.num_attention_heads, size, "num_attention_heads")
     kv = config.num_key_value_heads
     if kv < size and size % kv: raise ValueError(f"tensor_parallel_size ({size}) must be a multiple of num_key_value_heads ({kv})")
@@ -139,39 +147,43 @@ def rank_config(config, size: int):
     c.vocab_size, c.full_vocab_size, c.tensor_parallel_size = -(-config.vocab_size // size), config.vocab_size, size
     return c
 
-# %% ../nbs/25_parallel_layers.ipynb #eaef5035
-def _swap(parent, name, cls, old, *args, **kw):
-    new = cls(*args, bias=old.bias is not None, dtype=old.weight.dtype, device=old.weight.device, **kw)
-    setattr(parent, name, new)
+# %% ../nbs/25_parallel_layers.ipynb #aaa0e1b0
+def _swap(parent, name, cls, *args, quant=None, device=None, **kw):
+    "Replace `parent.<name>` by `cls(*args)`, keeping its bias, dtype, checkpoint prefix and quantization."
+    old = getattr(parent, name)
+    setattr(parent, name, cls(*args, bias=old.bias is not None, dtype=old.params_dtype, device=device, quant=quant,
+                              prefix=old.prefix, **kw))
 
 @torch.no_grad()
 def parallelize(model, config, rank: int, size: int):
     "Replace `model`'s (built from `rank_config(config, size)`) linears and vocabulary layers by their parallel twins."
     if size == 1: return model
-    H, D = config.hidden_size, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kw = dict(rank=rank, size=size)
+    H, D = config.hidden_size, head_dim(config)
+    dt, dev = model.model.embed_tokens.weight.dtype, model.model.embed_tokens.weight.device
+    kw = dict(rank=rank, size=size, quant=model.quant, device=dev)
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
-        _swap(a, "qkv_proj", QKVParallelLinear, a.qkv_proj, H, config.num_attention_heads, config.num_key_value_heads, D, **kw)
-        _swap(a, "o_proj", RowParallelLinear, a.o_proj, config.num_attention_heads * D, H, **kw)
+        _swap(a, "qkv_proj", QKVParallelLinear, H, config.num_attention_heads, config.num_key_value_heads, D, **kw)
+        _swap(a, "o_proj", RowParallelLinear, config.num_attention_heads * D, H, **kw)
         I = config.intermediate_size
-        _swap(m, "gate_up_proj", MergedColumnParallelLinear, m.gate_up_proj, H, {"gate": I, "up": I}, **kw)
-        _swap(m, "down_proj", RowParallelLinear, m.down_proj, I, H, **kw)
-    dt, dev = model.model.embed_tokens.weight.dtype, model.model.embed_tokens.weight.device
-    model.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, H, dt, dev, **kw)
-    model.lm_head = model.model.embed_tokens if model.tied else ParallelLMHead(config.vocab_size, H, dt, dev, **kw)
+        _swap(m, "gate_up_proj", MergedColumnParallelLinear, H, {"gate": I, "up": I}, **kw)
+        _swap(m, "down_proj", RowParallelLinear, I, H, **kw)
+    emb = model.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, H, dt, dev, rank=rank, size=size)
+    model.lm_head = ParallelLMHead(H, config.vocab_size, dt, dev, model.quant, model.lm_head.prefix,
+                                   tie=emb if model.tied else None, rank=rank, size=size)
     return model
 
 # %% ../nbs/25_parallel_layers.ipynb #e22c9687
-def load_sharded_model(model_dir, rank: int, size: int, dtype="auto", device="auto"):
+def load_sharded_model(model_dir, rank: int, size: int, dtype="auto", device="auto", quantization=None):
     "This rank's shard of the checkpoint at `model_dir`: `(model, full_config, rank_config)`."
-    from litellama.loader import (CheckpointError, iter_weights, load_config, model_class, resolve_device,
-                                  resolve_dtype, weight_files, load_weights)
+    from litellama.loader import (CheckpointError, iter_weights, load_config, model_class, quantization_config,
+                                  resolve_device, resolve_dtype, weight_files, load_weights)
     config = load_config(model_dir)
     device = resolve_device(device); dtype = resolve_dtype(dtype, device, config)
     try: cls, rc = model_class(config), rank_config(config, size)
     except ValueError as e: raise CheckpointError(f"{model_dir}: {e}") from None
-    with torch.device(device): model = parallelize(cls(rc, dtype=dtype, device=device), config, rank, size)
+    quant = quantization_config(config, model_dir, quantization)
+    with torch.device(device): model = parallelize(cls(rc, dtype=dtype, device=device, quant=quant), config, rank, size)
     try: load_weights(model, iter_weights(weight_files(model_dir)))
     except (KeyError, ValueError) as e: raise CheckpointError(f"{model_dir}: {e.args[0]}") from None
     return model.eval(), config, rc
