@@ -92,11 +92,16 @@ class ContinuousBatchingEngine:
 
     @classmethod
     def from_pretrained(cls, path=None, dtype="auto", device="auto", quantization=None, tensor_parallel_size: int = 1,
-                        **engine_options):
+                        data_parallel_size: int = 1, **engine_options):
         """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
         scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
-        `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard."""
+        `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard; with `data_parallel_size` N > 1
+        this returns a `DataParallelEngine` of N replicas."""
         from transformers import AutoTokenizer
+        if data_parallel_size != 1:        # N replicas in their own processes, behind a router, with this interface
+            from litellama.data_parallel import DataParallelEngine
+            return DataParallelEngine(path, data_parallel_size, dtype=dtype, device=device, quantization=quantization,
+                                      tensor_parallel_size=tensor_parallel_size, **engine_options)
         model_dir = resolve_model_dir(path)
         device = resolve_device(device)
         if tensor_parallel_size != 1:
