@@ -5,20 +5,24 @@ import pytest, torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = '''
-import json, os, sys, time
+import json, sys, time
+from pathlib import Path
 from litellama.llm import LLM
 from litellama.sampling import SamplingParams
-path, out, mode = sys.argv[1:4]
-llm = LLM(path, dtype="float32", device="cpu", tensor_parallel_size=2, max_num_seqs=4, max_num_batched_tokens=16,
-          block_size=4, num_kv_blocks=32)
-if mode == "hang":
-    Path = __import__("pathlib").Path
-    Path(out).write_text(json.dumps([p.pid for p in llm.engine.executor.procs])); time.sleep(600)
-prompts = [[1, 2, 3], list(range(5, 30)), [7]]
-outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
-seeded = llm.generate(prompts, SamplingParams(temperature=0.8, seed=3, max_tokens=4, ignore_eos=True), use_tqdm=False)
-open(out, "w").write(json.dumps([[o.outputs[0].token_ids for o in outs], [o.outputs[0].token_ids for o in seeded]]))
-llm.engine.executor.shutdown()
+
+def main(path, out, mode):
+    llm = LLM(path, dtype="float32", device="cpu", tensor_parallel_size=2, max_num_seqs=4, max_num_batched_tokens=16,
+              block_size=4, num_kv_blocks=32)
+    if mode == "hang":
+        Path(out).write_text(json.dumps([p.pid for p in llm.engine.executor.procs])); time.sleep(600)
+    prompts = [[1, 2, 3], list(range(5, 30)), [7]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    seeded = llm.generate(prompts, SamplingParams(temperature=0.8, seed=3, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    if out: Path(out).write_text(json.dumps([[o.outputs[0].token_ids for o in outs], [o.outputs[0].token_ids for o in seeded]]))
+    llm.engine.executor.shutdown()
+
+if __name__ == "__main__":       # spawned ranks re-import this file: the engine must start only in the main process
+    main(*sys.argv[1:4])
 '''
 
 def _alive(pid: int) -> bool:
