@@ -26,6 +26,8 @@ def _engine_args(p):
     p.add_argument("--no-overlap", action="store_true", help="read each step back before scheduling the next (no overlapped steps)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="fp8: half the cache bytes of bf16 (default: the model's dtype)")
     p.add_argument("--quantization", default=None, help="quantize a 16-bit checkpoint as it loads (a quantized checkpoint needs none)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="split every layer over N ranks (GPUs, or CPU processes)")
+    p.add_argument("--data-parallel-size", type=int, default=1, help="N engine replicas in their own processes behind a router")
 
 def _engine_options(a) -> dict:
     opts = {k: getattr(a, k) for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len")
@@ -35,6 +37,8 @@ def _engine_options(a) -> dict:
     if a.no_overlap: opts["async_scheduling"] = False
     if a.kv_cache_dtype != "auto": opts["kv_cache_dtype"] = a.kv_cache_dtype
     if a.quantization: opts["quantization"] = a.quantization
+    if getattr(a, "tensor_parallel_size", 1) != 1: opts["tensor_parallel_size"] = a.tensor_parallel_size
+    if getattr(a, "data_parallel_size", 1) != 1: opts["data_parallel_size"] = a.data_parallel_size
     return opts
 
 def _sampling_args(p, max_tokens=256):

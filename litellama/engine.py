@@ -71,7 +71,8 @@ class ContinuousBatchingEngine:
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  block_size: int = 16, num_kv_blocks: int | None = None, max_model_len: int | None = None,
                  kv_cache_memory: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
-                 enforce_eager: bool = False, async_scheduling: bool | None = None, kv_cache_dtype: str = "auto"):
+                 enforce_eager: bool = False, async_scheduling: bool | None = None, kv_cache_dtype: str = "auto",
+                 executor=None):
         if block_size < 1 or block_size & (block_size - 1): raise ValueError("block_size must be a power of two")
         if kv_cache_dtype not in KV_CACHE_DTYPES: raise ValueError(f"unknown kv_cache_dtype '{kv_cache_dtype}'; use {' or '.join(KV_CACHE_DTYPES)}")
         if max_num_batched_tokens is None: max_num_batched_tokens = 16384 if torch.device(device).type == "cuda" else 8192
@@ -79,8 +80,9 @@ class ContinuousBatchingEngine:
         self.model, self.config, self.tokenizer, self.model_dir = model, config, tokenizer, model_dir
         self.device, self.dtype = torch.device(device), dtype
         self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-        self.runner = ModelRunner(model, config, block_size, num_kv_blocks, self.device, dtype, max_num_batched_tokens,
-                                  kv_cache_memory, gpu_memory_utilization, KV_CACHE_DTYPES[kv_cache_dtype])
+        self.executor = executor          # tensor parallelism: ranks own the model; it stands in for the runner
+        self.runner = executor or ModelRunner(model, config, block_size, num_kv_blocks, self.device, dtype, max_num_batched_tokens,
+                                              kv_cache_memory, gpu_memory_utilization, KV_CACHE_DTYPES[kv_cache_dtype])
         log.log(logging.INFO if self.device.type == "cuda" else logging.DEBUG, f"KV cache: {self.runner.num_blocks} blocks of {block_size} tokens = {self.runner.capacity_tokens} tokens "
                  f"({self.runner.kv_cache.nbytes / 2**30:.2f} GiB, {self.runner.kv_cache.dtype}) on {self.device}")
         if self.device.type == "cuda" and not enforce_eager: self.runner.capture_cuda_graphs(max_num_seqs, self.max_model_len)
@@ -90,15 +92,26 @@ class ContinuousBatchingEngine:
         self.requests, self.by_seq, self._pending, self._in_flight, self._grammars = {}, {}, [], None, None
         self._seq_ids, self._rng, self.num_steps = itertools.count(), random.Random(seed), 0
         self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
+        if executor is not None: self.async_scheduling = False     # steps across processes are not overlapped yet
 
     @classmethod
-    def from_pretrained(cls, path=None, dtype="auto", device="auto", quantization=None, **engine_options):
+    def from_pretrained(cls, path=None, dtype="auto", device="auto", quantization=None, tensor_parallel_size: int = 1,
+                        data_parallel_size: int = 1, **engine_options):
         """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
-        scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own)."""
+        scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
+        `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard; with `data_parallel_size` N > 1
+        this returns a `DataParallelEngine` of N replicas."""
         from transformers import AutoTokenizer
+        if data_parallel_size != 1:        # N replicas in their own processes, behind a router, with this interface
+            from litellama.data_parallel import DataParallelEngine
+            return DataParallelEngine(path, data_parallel_size, dtype=dtype, device=device, quantization=quantization,
+                                      tensor_parallel_size=tensor_parallel_size, **engine_options)
         model_dir = resolve_model_dir(path)
         device = resolve_device(device)
-        model, config = load_model(model_dir, dtype, device, quantization)
+        if tensor_parallel_size != 1:
+            from litellama.executor import engine_options_for_tp
+            model, config, engine_options = engine_options_for_tp(model_dir, tensor_parallel_size, dtype, device, engine_options, quantization)
+        else: model, config = load_model(model_dir, dtype, device, quantization)
         try: tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         except Exception: tokenizer = None
         return cls(model, config, tokenizer, model_dir, device=device, dtype=resolve_dtype(dtype, device), **engine_options)
@@ -161,6 +174,7 @@ def _matcher(self, so):
     "A grammar matcher for structured outputs `so` (None: none); the grammar backend is built on first use."
     if so is None: return None
     if self.tokenizer is None: raise ValueError("structured outputs need the checkpoint's tokenizer")
+    if self.executor is not None: raise ValueError("structured outputs are not supported with tensor parallelism yet")
     if self._grammars is None:
         from litellama.structured_outputs import GrammarBackend
         try: self._grammars = GrammarBackend(self.tokenizer, self.config.vocab_size)
@@ -210,21 +224,25 @@ def _launch(self, outputs: list) -> InFlightStep | None:
     "Run the model and the sampler on one scheduled step, leaving a placeholder for each sampled token."
     plan = self.scheduler.schedule()
     prev = self._in_flight
-    logits, plan = self._execute(plan, prev.token_ids if prev is not None else None)
+    row = lambda c: ((c.params, c.seed, c.seq.token_ids[:c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids) if c.needs_history
+                     else (c.params, c.seed, (), c.seq.num_output_tokens, self.eos_ids))
+    if self.executor is not None:       # tensor-parallel: the ranks run model and sampler; token ids come back
+        ids, lp = self.executor.execute(plan, [row(self.by_seq[s.seq_id]) for s, n in plan.scheduled
+                                               if s.num_computed_tokens + n == s.num_tokens])
+    else: logits, plan = self._execute(plan, prev.token_ids if prev is not None else None)
     self.scheduler.update(plan)
     self.num_steps += 1
     done = [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens == s.num_tokens]
     if not done: return None
     if prev is not None and any(c.needs_history or c.matcher is not None for c in done):   # penalties, grammars: every token
         outputs += self._read_back(prev); self._in_flight = None
-    rows = [(c.params, c.seed, c.seq.token_ids[:c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids) if c.needs_history
-            else (c.params, c.seed, (), c.seq.num_output_tokens, self.eos_ids) for c in done]
-    bitmask = None
-    if any(c.matcher is not None for c in done):
-        from litellama.structured_outputs import fill_bitmask
-        bitmask = fill_bitmask([c.matcher for c in done], logits.shape[-1])
-    ids, lp, done = self._sample(logits, done, rows, bitmask)
-    if not done: return None
+    if self.executor is None:
+        bitmask = None
+        if any(c.matcher is not None for c in done):
+            from litellama.structured_outputs import fill_bitmask
+            bitmask = fill_bitmask([c.matcher for c in done], logits.shape[-1])
+        ids, lp, done = self._sample(logits, done, [row(c) for c in done], bitmask)
+        if not done: return None
     host, ready = ids, None
     if ids.device.type == "cuda":
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True).copy_(ids, non_blocking=True)

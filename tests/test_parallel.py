@@ -1,0 +1,71 @@
+"Tensor parallelism across real processes: torchrun's launcher against the in-process one, and SIGTERM leaving no orphan."
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+import pytest, torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = '''
+import json, sys, time
+from pathlib import Path
+from litellama.llm import LLM
+from litellama.sampling import SamplingParams
+
+def main(path, out, mode):
+    llm = LLM(path, dtype="float32", device="cpu", tensor_parallel_size=2, max_num_seqs=4, max_num_batched_tokens=16,
+              block_size=4, num_kv_blocks=32)
+    if mode == "hang":
+        Path(out).write_text(json.dumps([p.pid for p in llm.engine.executor.procs])); time.sleep(600)
+    prompts = [[1, 2, 3], list(range(5, 30)), [7]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    seeded = llm.generate(prompts, SamplingParams(temperature=0.8, seed=3, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    if out: Path(out).write_text(json.dumps([[o.outputs[0].token_ids for o in outs], [o.outputs[0].token_ids for o in seeded]]))
+    llm.engine.executor.shutdown()
+
+if __name__ == "__main__":       # spawned ranks re-import this file: the engine must start only in the main process
+    main(*sys.argv[1:4])
+'''
+
+def _alive(pid: int) -> bool:
+    "Is `pid` a running (not zombie) process?"
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError): return False
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
+    return env
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from litellama.checkpoints import make_random_checkpoint
+    d = tmp_path_factory.mktemp("tp")
+    (d / "run.py").write_text(SCRIPT)
+    return make_random_checkpoint("tiny-llama", d / "m", dtype=torch.float32, seed=1), d / "run.py"
+
+def test_torchrun_matches_spawn(ckpt, tmp_path):
+    from litellama.distributed import free_port
+    path, script = ckpt
+    spawn, trun = tmp_path / "spawn.json", tmp_path / "torchrun.json"
+    subprocess.run([sys.executable, str(script), str(path), str(spawn), "run"], env=_env(), check=True, timeout=240)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), str(script), str(path), str(trun), "run"],
+                   env=_env(), check=True, timeout=240)
+    assert json.loads(trun.read_text()) == json.loads(spawn.read_text())
+
+def test_sigterm_leaves_no_orphan(ckpt, tmp_path):
+    path, script = ckpt
+    pids = tmp_path / "pids.json"
+    p = subprocess.Popen([sys.executable, str(script), str(path), str(pids), "hang"], env=_env())
+    try:
+        t0 = time.monotonic()
+        while not pids.exists() or not pids.read_text():
+            assert time.monotonic() - t0 < 180 and p.poll() is None, "the engine did not start"
+            time.sleep(0.2)
+        children = json.loads(pids.read_text())
+        p.send_signal(signal.SIGTERM); p.wait(10)
+        t0 = time.monotonic()
+        while any(_alive(c) for c in children):
+            assert time.monotonic() - t0 < 5, f"rank processes {children} outlived their parent"
+            time.sleep(0.1)
+    finally:
+        if p.poll() is None: p.kill()
