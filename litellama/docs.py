@@ -17,12 +17,15 @@ from pathlib import Path
 # %% ../nbs/19_docs.ipynb #fb16b05c
 SECTIONS = [
     ("Start", ["nbs/index.ipynb"]),
-    ("Models", ["nbs/01_*", "nbs/02_*", "nbs/03_*", "nbs/04_*", "nbs/05_*", "nbs/06_*"]),
+    ("Models", ["nbs/01_*", "nbs/02_*", "nbs/03_*", "nbs/04_*", "nbs/04b_*", "nbs/05_*", "nbs/06_*"]),
     ("KV cache", ["nbs/08_*"]),
     ("Scheduler", ["nbs/09_*", "nbs/11_*", "nbs/12_*", "nbs/13_*"]),
     ("Sampler", ["nbs/07_*", "nbs/10_*"]),
     ("Kernels", ["kernels_nb/*"]),
     ("Server", ["nbs/14_*", "nbs/15_*", "nbs/16_*", "nbs/17_*", "nbs/18_*", "nbs/19_*"]),
+    ("Quantization", ["nbs/20_*", "nbs/21_*", "nbs/22_*", "nbs/23_*"]),
+    ("Parallelism", ["nbs/24_*", "nbs/25_*", "nbs/26_*", "nbs/27_*"]),
+    ("Vision", ["nbs/28_*", "nbs/29_*"]),
     ("Benchmarks", ["benchmarks_nb/*"]),
 ]
 FOLDERS = {"nbs": "", "kernels_nb": "kernels-", "benchmarks_nb": "benchmarks-"}
