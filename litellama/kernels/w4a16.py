@@ -10,8 +10,10 @@ __all__ = ['AWQ_ORDER', 'DEFAULTS', 'pack_int4', 'unpack_int4', 'awq_pack', 'awq
 
 # %% ../../kernels_nb/13_w4a16.ipynb #0f31457c
 import torch
+import functools
 import triton
 import triton.language as tl
+from .linear import _split_sum_kernel
 
 # %% ../../kernels_nb/13_w4a16.ipynb #c5d02502
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)   # nibble i of an AWQ word holds element AWQ_ORDER[i] of its eight
@@ -190,6 +192,10 @@ def _check(x, qweight, scales, zeros, group_size, bias):
     if bias is not None and (bias.shape != (N,) or bias.dtype != x.dtype): raise ValueError(f"bias must be [{N}] {x.dtype}")
     return K, N
 
+@functools.lru_cache
+def _num_sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+
 def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=None, config: dict | None = None):
     "`x @ W (+ bias)` for a 4-bit weight in the kernel layout, by the Triton kernel; `config` overrides the launch rule."
     K, N = _check(x, qweight, scales, zeros, group_size, bias)
@@ -200,8 +206,7 @@ def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=Non
     M = x2.shape[0]
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0 or N == 0: return out.reshape(*lead, N)
-    num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
-    cfg = {**_rule(M, N, K, group_size, x.device.type, num_sms), **(config or {})}
+    cfg = {**_rule(M, N, K, group_size, x.device.type, _num_sms(x.device)), **(config or {})}
     bk = cfg["BLOCK_K"]
     if group_size % bk or bk % 16: raise ValueError(f"BLOCK_K {bk} must be a multiple of 16 dividing the group size {group_size}")
     use_dot = cfg["BLOCK_M"] > 1
@@ -215,8 +220,7 @@ def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=Non
                         HAS_BIAS=bias is not None, PARTIAL=splits > 1, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
                         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk,
                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if splits > 1:
-        acc = part.sum(0)
-        if bias is not None: acc += bias.float()
-        out.copy_(acc)
+    if splits > 1:                                                   # the slices' float32 sums, added in order, in one launch
+        _split_sum_kernel[(triton.cdiv(M * N, 1024),)](part, b, out, M * N, N, splits, HAS_BIAS=bias is not None,
+                                                      BLOCK=1024, num_warps=4)
     return out.reshape(*lead, N)
