@@ -68,8 +68,9 @@ def dequantize(codes, zeros, scales, g_idx) -> torch.Tensor:
     return (codes.float() - zeros.float()[g_idx]) * scales.float()[g_idx]
 
 # %% ../../kernels_nb/13_w4a16.ipynb #696fd9b3
-def to_kernel_layout(codes, zeros, scales, g_idx, dtype=torch.float16):
-    "`(qweight [in/8, out], scales [G, out], zeros [G, out], group_size, perm or None)`: rows sorted by group, `perm` to gather `x` by."
+def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
+    "`(qweight [in/8, out], scales [G, out], zeros [G, out], group_size, perm or None)`: rows sorted by group, `perm` to gather `x` by; scales and zeros in `dtype` (default: the scales')."
+    dtype = dtype or scales.dtype
     K, G = codes.shape[0], scales.shape[0]
     g_idx = g_idx.long().to(codes.device)
     if g_idx.shape != (K,): raise ValueError(f"g_idx has shape {tuple(g_idx.shape)}, expected ({K},)")
@@ -188,7 +189,8 @@ def _check(x, qweight, scales, zeros, group_size, bias):
     if group_size % 16 or K % group_size: raise ValueError(f"group size {group_size}: the W4A16 kernel takes multiples of 16 that divide K = {K}")
     G = K // group_size
     for name, t in (("scales", scales), ("zeros", zeros)):
-        if t.shape != (G, N) or t.dtype != x.dtype: raise ValueError(f"{name} must be [{G}, {N}] {x.dtype}, got {tuple(t.shape)} {t.dtype}")
+        if t.shape != (G, N) or not t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be [{G}, {N}] floating point, got {tuple(t.shape)} {t.dtype}")
     if bias is not None and (bias.shape != (N,) or bias.dtype != x.dtype): raise ValueError(f"bias must be [{N}] {x.dtype}")
     return K, N
 
