@@ -22,11 +22,15 @@ else:
     SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)}
     MS, GROUP, DTYPE, CHECK_DTYPES = (1, 4, 16, 64, 256, 4096), 128, torch.bfloat16, (torch.bfloat16, torch.float16)
     SWEEP_MS = (1, 16)
-    SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=3)
-             for bn, bk, nw in ((32, 128, 4), (64, 128, 4), (128, 128, 4), (64, 64, 4), (128, 64, 8)) for sk in (1, 4, 8)]
+    SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=3)     # few tile shapes: each is a compile
+             for bn, bk, nw, sk in ((32, 128, 4, 8), (64, 128, 4, 1), (64, 128, 4, 4), (64, 128, 4, 8), (128, 128, 4, 4), (128, 64, 8, 8))]
+T0, BUDGET_S = time.time(), (1e9 if DRY else 75.0)  # stop starting new parts past this (the whole run must stay under 90 s)
+def over_budget(part):
+    if time.time() - T0 < BUDGET_S: return False
+    result["errors"].append(f"{part}: skipped, past the {BUDGET_S:.0f} s budget"); return True
 LAYERS = 36        # Qwen3-8B decoder layers: the per-token projection time is the sum over one layer times this
 
-result = dict(name="i19", command=" ".join([sys.executable] + sys.argv), dry_run=DRY,
+result = dict(name="i19",  command=" ".join([sys.executable] + sys.argv), dry_run=DRY,
               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               torch=torch.__version__, triton=triton.__version__, group_size=GROUP, errors=[])
 try: import transformers; result["transformers"] = transformers.__version__
@@ -51,7 +55,7 @@ def layer(K, N, dtype, gen):
     qweight, qzeros, s16 = W.awq_pack(codes, zeros, scales)
     c, z = W.awq_unpack(qweight, qzeros)
     g_idx = torch.arange(K, device=DEV) // GROUP
-    qw, s, zz, grp, perm = W.to_kernel_layout(c, z, s16, g_idx, dtype)
+    qw, s, zz, grp, perm = W.to_kernel_layout(c, z, s16, g_idx)      # fp16 scales and zeros, as the loader keeps them
     dense = W.dequantize(c, z, s16, g_idx).t().contiguous()          # [N, K], what a bf16 model would hold
     return [t.to(DEV) for t in (qw, s, zz)] + [grp], dense.to(DEV, dtype)
 
@@ -61,28 +65,10 @@ for name, (K, N) in SHAPES.items():
     try: layers[name] = layer(K, N, DTYPE, gen)
     except Exception as e: result["errors"].append(f"make {name}: {type(e).__name__}: {e}")
 
-# correctness: kernel vs its reference, per dtype, path and shape
-checks = []
-for name, (K, N) in SHAPES.items():
-    if name not in layers: continue
-    (qw, s, z, grp), _ = layers[name]
-    for dtype in CHECK_DTYPES:
-        for M in (1, 16, 256 if not DRY else 33):
-            try:
-                x = torch.randn(M, K, device=DEV).to(dtype)
-                got = W.w4a16_linear(x, qw, s.to(dtype), z.to(dtype), grp).float()
-                want = W.w4a16_linear_ref(x, qw, s.to(dtype), z.to(dtype), grp).float()
-                rel = ((got - want).norm() / want.norm()).item()
-                tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
-                checks.append(dict(shape=name, M=M, dtype=str(dtype).removeprefix("torch."), rel_err=rel, ok=rel < tol))
-            except Exception as e:
-                checks.append(dict(shape=name, M=M, dtype=str(dtype).removeprefix("torch."), ok=False, error=f"{type(e).__name__}: {e}"))
-result["correctness"] = checks
-
 # speed: W4A16 vs the bf16 GEMM on the same shapes, same run
 rows = []
 for name, (K, N) in SHAPES.items():
-    if name not in layers: continue
+    if name not in layers or over_budget(f"gemm {name}"): continue
     (qw, s, z, grp), dense = layers[name]
     for M in MS:
         row = dict(shape=name, K=K, N=N, M=M)
@@ -100,6 +86,24 @@ for name, (K, N) in SHAPES.items():
         rows.append(row)
 result["gemm"] = rows
 
+# correctness: kernel vs its reference, per dtype, path and shape
+checks = []
+for name, (K, N) in SHAPES.items():
+    if name not in layers or over_budget(f"correctness {name}"): continue
+    (qw, s, z, grp), _ = layers[name]
+    for dtype in CHECK_DTYPES:
+        for M in (1, 16, 256 if not DRY else 33):
+            try:
+                x = torch.randn(M, K, device=DEV).to(dtype)
+                got = W.w4a16_linear(x, qw, s, z, grp).float()
+                want = W.w4a16_linear_ref(x, qw, s, z, grp).float()
+                rel = ((got - want).norm() / want.norm()).item()
+                tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+                checks.append(dict(shape=name, M=M, dtype=str(dtype).removeprefix("torch."), rel_err=rel, ok=rel < tol))
+            except Exception as e:
+                checks.append(dict(shape=name, M=M, dtype=str(dtype).removeprefix("torch."), ok=False, error=f"{type(e).__name__}: {e}"))
+result["correctness"] = checks
+
 # per-token projection time of a Qwen3-8B decoder at batch 1 (the GEMMs only: attention, norms and the LM head excluded)
 try:
     one = [r for r in rows if r["M"] == 1 and "w4a16_ms" in r]
@@ -111,7 +115,7 @@ except Exception as e: result["errors"].append(f"tpot: {e}")
 # a small tile-config sweep of the skinny (decode) path
 sweep = []
 for name, (K, N) in SHAPES.items():
-    if name not in layers: continue
+    if name not in layers or over_budget(f"sweep {name}"): continue
     (qw, s, z, grp), _ = layers[name]
     for M in SWEEP_MS:
         x = torch.randn(M, K, device=DEV).to(DTYPE)
@@ -126,6 +130,7 @@ for name, (K, N) in SHAPES.items():
             except Exception as e: r["error"] = f"{type(e).__name__}: {e}"
             sweep.append(r)
 result["skinny_sweep"] = sweep
+result["seconds"] = time.time() - T0
 best = {}
 for r in sweep:
     if "ms" in r and r["rel_err"] < 2e-2:
