@@ -8,14 +8,14 @@ Docs: https://litellama.github.io/litellama/kernels_nb/w4a16.html.md"""
 __all__ = ['AWQ_ORDER', 'DEFAULTS', 'pack_int4', 'unpack_int4', 'awq_pack', 'awq_unpack', 'gptq_pack', 'gptq_unpack',
            'dequantize', 'to_kernel_layout', 'w4a16_linear_ref', 'w4a16_linear']
 
-# %% ../../kernels_nb/13_w4a16.ipynb #0f31457c
+# %% ../../kernels_nb/13_w4a16.ipynb #e7b059e1
 import torch
 import functools
 import triton
 import triton.language as tl
 from .linear import _split_sum_kernel
 
-# %% ../../kernels_nb/13_w4a16.ipynb #c5d02502
+# %% ../../kernels_nb/13_w4a16.ipynb #137779b6
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)   # nibble i of an AWQ word holds element AWQ_ORDER[i] of its eight
 _SHIFTS = tuple(range(0, 32, 4))
 
@@ -38,7 +38,7 @@ def unpack_int4(words: torch.Tensor, dim: int, order=None) -> torch.Tensor:
     if order is not None: nib = nib[..., [list(order).index(j) for j in range(8)]]
     return nib.reshape(*w.shape[:-1], -1).movedim(-1, dim).contiguous()
 
-# %% ../../kernels_nb/13_w4a16.ipynb #36332765
+# %% ../../kernels_nb/13_w4a16.ipynb #bd6c8a36
 def awq_pack(codes, zeros, scales):
     "AWQ tensors from codes `[in, out]`, zeros `[in/g, out]`, scales `[in/g, out]`: `(qweight, qzeros, scales fp16)`."
     return pack_int4(codes, 1, AWQ_ORDER), pack_int4(zeros, 1, AWQ_ORDER), scales.to(torch.float16).contiguous()
@@ -61,13 +61,13 @@ def gptq_unpack(qweight, qzeros, version: int = 1):
     "`(codes [in, out], zeros [in/g, out])` of a GPTQ layer; v1 zeros are read plus one."
     return unpack_int4(qweight, 0), unpack_int4(qzeros, 1) + int(version == 1)
 
-# %% ../../kernels_nb/13_w4a16.ipynb #d1e807bc
+# %% ../../kernels_nb/13_w4a16.ipynb #68a43d7c
 def dequantize(codes, zeros, scales, g_idx) -> torch.Tensor:
     "The `[in, out]` float32 weight `(q - z[g_idx]) · s[g_idx]`."
     g_idx = g_idx.long()
     return (codes.float() - zeros.float()[g_idx]) * scales.float()[g_idx]
 
-# %% ../../kernels_nb/13_w4a16.ipynb #696fd9b3
+# %% ../../kernels_nb/13_w4a16.ipynb #6dbc5603
 def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
     "`(qweight [in/8, out], scales [G, out], zeros [G, out], group_size, perm or None)`: rows sorted by group, `perm` to gather `x` by; scales and zeros in `dtype` (default: the scales')."
     dtype = dtype or scales.dtype
@@ -86,7 +86,7 @@ def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
     return (pack_int4(codes, 0), scales.to(dtype).contiguous(), zeros.to(dtype).contiguous(), group,
             None if perm is None else perm.to(torch.int32))
 
-# %% ../../kernels_nb/13_w4a16.ipynb #9aaf7642
+# %% ../../kernels_nb/13_w4a16.ipynb #d013681e
 def w4a16_linear_ref(x, qweight, scales, zeros, group_size: int, perm=None, bias=None):
     "`x @ W (+ bias)` with `W [K, N] = (q - z) · s` from the kernel layout, in float32; `perm` gathers `x`'s columns first."
     K = qweight.shape[0] * 8
@@ -100,7 +100,7 @@ def w4a16_linear_ref(x, qweight, scales, zeros, group_size: int, perm=None, bias
     if bias is not None: y = y + bias.float()
     return y.to(x.dtype).reshape(*lead, -1)
 
-# %% ../../kernels_nb/13_w4a16.ipynb #77363f2a
+# %% ../../kernels_nb/13_w4a16.ipynb #df8d5dc6
 @triton.jit(do_not_specialize=["M"])
 def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, s_xm, k_per_split, group_size,
                   HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
@@ -150,7 +150,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, s_xm, k_
         if HAS_BIAS: res += tl.load(b_ptr + rn, mask=n_mask, other=0.).to(tl.float32)[None, :]
         tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], res.to(out_ptr.dtype.element_ty), mask=out_mask)
 
-# %% ../../kernels_nb/13_w4a16.ipynb #f4c19374
+# %% ../../kernels_nb/13_w4a16.ipynb #126de6d4
 DEFAULTS = {
     "cuda":      dict(skinny_max_m=16, BLOCK_N=64, BLOCK_K=128, prefill=dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
                       large=dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
@@ -172,15 +172,17 @@ def _rule(M: int, N: int, K: int, group_size: int, device_type: str = "cuda", nu
     if M <= d["skinny_max_m"]:
         cfg = dict(BLOCK_M=1 if M == 1 else 16, BLOCK_N=d["BLOCK_N"], BLOCK_K=_block_k(group_size, d["BLOCK_K"]),
                    num_warps=d["num_warps"], num_stages=d["num_stages"])
-        blocks, want = triton.cdiv(N, cfg["BLOCK_N"]), d["programs_per_sm"] * num_sms
-        split = 1 if blocks >= want else max(1, min(triton.cdiv(want, blocks), K // d["min_split"], d["max_split"]))
-        return {**cfg, "SPLIT_K": split}
-    big = M >= 512
-    p = d["large"] if big else d["prefill"]
-    return dict(BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=_block_k(group_size, p["BLOCK_K"]), SPLIT_K=1,
-                num_warps=p.get("num_warps", d["num_warps"]), num_stages=p.get("num_stages", d["num_stages"]))
+        want = d["programs_per_sm"] * num_sms
+    else:
+        p = d["large"] if M >= 512 else d["prefill"]
+        cfg = dict(BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=_block_k(group_size, p["BLOCK_K"]),
+                   num_warps=p.get("num_warps", d["num_warps"]), num_stages=p.get("num_stages", d["num_stages"]))
+        want = num_sms                                               # one wave of big tiles
+    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+    split = 1 if tiles >= want else max(1, min(triton.cdiv(want, tiles), K // d["min_split"], d["max_split"]))
+    return {**cfg, "SPLIT_K": split}
 
-# %% ../../kernels_nb/13_w4a16.ipynb #d5773cb7
+# %% ../../kernels_nb/13_w4a16.ipynb #181638e8
 def _check(x, qweight, scales, zeros, group_size, bias):
     K, N = qweight.shape[0] * 8, qweight.shape[1]
     if x.shape[-1] != K: raise ValueError(f"x has {x.shape[-1]} features, the 4-bit weight takes {K}")
