@@ -53,6 +53,8 @@ class ModelRunner:
         self.model, self.config, self.block_size, self.device, self.dtype = model, config, block_size, torch.device(device), dtype
         self.kv_cache_dtype = kv_cache_dtype or dtype
         self.head_dim = head_dim(config)
+        from litellama.kernels.registry import ops
+        ops.configure(self.device.type, self.head_dim)       # kernels chosen for these heads: a forced one that cannot take them fails now
         self.split_planner = SplitPlanner(config.num_key_value_heads, self.head_dim, dtype, self.device, self.kv_cache_dtype)
         self._tables = {}                                    # seq_id -> (its block_table list, that list as an array)
         self.graphs, self.graph_sizes = {}, []               # CUDA graphs by batch size, once captured
@@ -145,7 +147,7 @@ class ModelRunner:
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int):
         "Record one CUDA graph per decode batch size (1, 2, 4, 8, then multiples of 16), all sharing one memory pool."
         from litellama.kernels.registry import graphs_supported
-        ok, why = graphs_supported(self.device.type)
+        ok, why = graphs_supported(self.device.type, self.head_dim)
         if not ok:
             warnings.warn(f"litellama: decode steps run eagerly, without CUDA graphs ({why})"); return
         sizes = [b for b in (1, 2, 4, 8) if b <= max_num_seqs] + list(range(16, max_num_seqs + 1, 16))

@@ -334,3 +334,70 @@ def test_rope_and_store_kv(dtype, norm, T, Hq, Hk, D, layout):
     bits = lambda x: x.view(torch.uint8) if x.dtype.itemsize == 1 else x.view(torch.int16)
     assert torch.equal(bits(vc), bits(vc2))                          # v is copied: exactly the same bytes
     assert rel_err(kc.float(), kc2.float()) < 1e-2                  # k: float32 arithmetic, fused multiply-adds on the GPU
+
+# Checkpoints of the variants users bring: each shape a tiny model, fp32, greedy tokens identical to HF's, with and
+# without CUDA graphs. Head sizes the attention kernels decline (12) run those two ops on the reference.
+VARIANTS = {
+    "mqa-llama3-rope": ("tiny-llama", dict(num_key_value_heads=1, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128})),
+    "gqa-qkv-bias-hd80": ("tiny-qwen2", dict(hidden_size=320, num_attention_heads=4, num_key_value_heads=2)),
+    "qk-norm-hd64": ("tiny-qwen3", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=64)),
+    "hd12-fallback": ("tiny-qwen2", dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2)),
+}
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_checkpoints_match_hf_with_and_without_graphs(variant, tmp_path):
+    import transformers
+    from litellama.checkpoints import make_random_checkpoint
+    from litellama.kernels.registry import ops, selection
+    from litellama.llm import LLM
+    from litellama.sampling import SamplingParams
+    like, shape = VARIANTS[variant]
+    path = make_random_checkpoint(like, tmp_path / variant, dtype=torch.float32, seed=5, **shape)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (1, 7, 40, 130)]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    want = [hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                        pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    ops.reset()
+    for eager in (True, False):
+        llm = LLM(path, dtype="float32", device="cuda", num_kv_blocks=256, max_num_seqs=8, enforce_eager=eager)
+        attn = {op: selection("cuda")[op][0] for op in ("prefill_attention", "decode_attention")}
+        fallback = variant == "hd12-fallback"
+        assert attn == ({"prefill_attention": "torch", "decode_attention": "torch"} if fallback else
+                        {"prefill_attention": "triton", "decode_attention": "triton"}), attn
+        assert bool(getattr(llm.engine.runner, "graphs", None)) == (not eager and not fallback)  # the reference is not graph-safe
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, min_tokens=16), use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == want, f"{variant}, enforce_eager={eager}"
+
+def test_forced_triton_declined_head_size_fails_at_load(tmp_path):
+    from litellama.checkpoints import make_random_checkpoint
+    from litellama.kernels.registry import ops
+    from litellama.llm import LLM
+    like, shape = VARIANTS["hd12-fallback"]
+    path = make_random_checkpoint(like, tmp_path / "hd12", dtype=torch.float32, **shape)
+    os.environ["LITELLAMA_BACKEND"] = "triton"; ops.reset()
+    try:
+        with pytest.raises(ValueError, match="prefill_attention kernel cannot take this model: head_dim 12"):
+            LLM(path, dtype="float32", device="cuda", num_kv_blocks=64)
+    finally:
+        del os.environ["LITELLAMA_BACKEND"]; ops.reset()
+
+def _shapes():
+    from litellama.checkpoints import SHAPES
+    return list(SHAPES)
+
+@pytest.mark.parametrize("like", _shapes())
+def test_every_checkpoint_shape_generates_bf16(like, tmp_path):
+    "Every `make-random-checkpoint --like` shape loads and generates in bf16 (two layers of the real ones: the shape is what matters)."
+    from litellama.checkpoints import make_random_checkpoint
+    from litellama.llm import LLM
+    from litellama.sampling import SamplingParams
+    fewer = {} if like.startswith("tiny-") else dict(num_hidden_layers=2)
+    path = make_random_checkpoint(like, tmp_path / like, dtype=torch.bfloat16, **fewer)
+    llm = LLM(path, dtype="bfloat16", device="cuda", num_kv_blocks=256, max_num_seqs=4)
+    vocab = llm.engine.config.vocab_size
+    outs = llm.generate([[5, 6, 7], list(range(10, 90))], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    for o in outs:
+        ids = o.outputs[0].token_ids
+        assert len(ids) == 8 and all(0 <= t < vocab for t in ids)

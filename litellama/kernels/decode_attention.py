@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 from . import autotune
-from .prefill_attention import _attend_tile, as_fp16, cache_args, check_paged_args, random_paged_kv, widen_fp8_words
+from .prefill_attention import _attend_tile, as_fp16, cache_args, check_paged_args, load_tile, random_paged_kv, widen_fp8_words
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #4d8c9fea
 DEFAULTS = {
@@ -121,18 +121,22 @@ def _fp8_blocks(table, start, seq_len, BLOCK_N: tl.constexpr, PAGE: tl.constexpr
 def _fp8_tile(acc, m_i, l_i, q, qk_scale, start, seq_len, k_blocks, v_blocks, k_base, v_base,
               stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
               HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-              DOT_PREC: tl.constexpr, WORDS: tl.constexpr):
+              DOT_PREC: tl.constexpr, WORDS: tl.constexpr, BLOCK_D: tl.constexpr):
     """`_attend_tile` for one decode query per row over an fp8 cache, the tile's blocks given (`_fp8_blocks`): K read as
     rows `[BLOCK_N, HEAD_DIM]`; with `WORDS` as int32 words along head_dim, and V (key-minor) as columns `[HEAD_DIM,
-    BLOCK_N]` of int32 words along the keys — `k_base`, `v_base` and the strides counting words — else V as rows too."""
+    BLOCK_N]` of int32 words along the keys — `k_base`, `v_base` and the strides counting words — else V as rows too;
+    the head padded to `BLOCK_D` columns, those past `HEAD_DIM` never read."""
     keys = start + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    d_ok = offs_d < HEAD_DIM
     k_rows = k_blocks.to(tl.int64) * stride_kb + (keys % PAGE) * stride_ks
-    if WORDS: k_offs = k_rows[:, None] + tl.arange(0, HEAD_DIM // 4)[None, :]
-    else: k_offs = k_rows[:, None] + offs_d[None, :] * stride_kd
-    if MASKED: k = tl.load(k_base + k_offs, mask=(keys < seq_len)[:, None], other=0.0)
-    else: k = tl.load(k_base + k_offs)
-    if WORDS: k = widen_fp8_words(k, BLOCK_N, HEAD_DIM)
+    if WORDS:
+        words = tl.arange(0, BLOCK_D // 4)
+        k = load_tile(k_base + k_rows[:, None] + words[None, :], (keys < seq_len)[:, None], (words < HEAD_DIM // 4)[None, :], MASKED, PAD_D)
+        k = widen_fp8_words(k, BLOCK_N, BLOCK_D)
+    else:
+        k = load_tile(k_base + k_rows[:, None] + offs_d[None, :] * stride_kd, (keys < seq_len)[:, None], d_ok[None, :], MASKED, PAD_D)
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
     if MASKED: s = tl.where((keys < seq_len)[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -144,15 +148,13 @@ def _fp8_tile(acc, m_i, l_i, q, qk_scale, start, seq_len, k_blocks, v_blocks, k_
         cols = start + 4 * tl.arange(0, BLOCK_N // 4)
         v_offs = offs_d[:, None] * stride_vd + (v_blocks.to(tl.int64) * stride_vb + (cols % PAGE) // 4)[None, :]
         v_offs = tl.max_contiguous(tl.multiple_of(v_offs, [1, VEC]), [1, VEC])
-        if MASKED: vt = tl.load(v_base + v_offs, mask=(cols < seq_len)[None, :], other=0.0)
-        else: vt = tl.load(v_base + v_offs)
-        vt = widen_fp8_words(vt, HEAD_DIM, BLOCK_N).to(q.dtype)
+        vt = load_tile(v_base + v_offs, d_ok[:, None], (cols < seq_len)[None, :], PAD_D, MASKED)
+        vt = widen_fp8_words(vt, BLOCK_D, BLOCK_N).to(q.dtype)
         if MASKED: vt = tl.where((keys < seq_len)[None, :], vt, 0.0)  # a word's keys past the end
         acc = tl.dot(p.to(q.dtype), tl.trans(vt), acc * alpha[:, None], input_precision=DOT_PREC)
     else:  # V's rows, byte by byte through its strides
         v_offs = (v_blocks.to(tl.int64) * stride_vb + (keys % PAGE) * stride_vs)[:, None] + offs_d[None, :] * stride_vd
-        if MASKED: v = tl.load(v_base + v_offs, mask=(keys < seq_len)[:, None], other=0.0)
-        else: v = tl.load(v_base + v_offs)
+        v = load_tile(v_base + v_offs, (keys < seq_len)[:, None], d_ok[None, :], MASKED, PAD_D)
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision=DOT_PREC)
     return acc, m_new, l_i
 
@@ -161,7 +163,7 @@ def _fp8_tile(acc, m_i, l_i, q, qk_scale, start, seq_len, k_blocks, v_blocks, k_
 def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_TABLES, SPLITS, qk_scale,
                          stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                          stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_oh, stride_od, stride_bt,
-                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
                          FP8: tl.constexpr = False, WORDS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False):
     "One piece of one sequence's keys for all the query heads of one kv head: a partial softmax, or the output."
@@ -172,39 +174,42 @@ def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_T
     seq_len = tl.load(SEQ_LENS + seq)
     full_end = start + (end - start) // BLOCK_N * BLOCK_N  # tiles before this need no mask
     offs_g = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)  # the head, padded to a power of two (`06_prefill_attention.ipynb`)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    d_ok = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_g
     row_ok = (offs_g < GROUP)[:, None]
-    q = tl.load(Q + seq.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd, mask=row_ok, other=0.0)
+    q = load_tile(Q + seq.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd, row_ok, d_ok[None, :], True, PAD_D)
     if FP16_DOT: q = as_fp16(q)  # an fp8 cache: multiply in float16 (`06_prefill_attention.ipynb`)
     table = BLOCK_TABLES + seq.to(tl.int64) * stride_bt
     k_base = K + kv_head * stride_kh
     v_base = V + kv_head * stride_vh
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     if FP8:
         k_blocks, v_blocks = _fp8_blocks(table, start, seq_len, BLOCK_N, PAGE, WORDS)
         for n in range(start, full_end, BLOCK_N):
             k_next, v_next = _fp8_blocks(table, n + BLOCK_N, seq_len, BLOCK_N, PAGE, WORDS)  # a tile ahead
             acc, m_i, l_i = _fp8_tile(acc, m_i, l_i, q, qk_scale, n, seq_len, k_blocks, v_blocks, k_base, v_base,
                                       stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-                                      HEAD_DIM, PAGE, BLOCK_N, False, DOT_PREC, WORDS)
+                                      HEAD_DIM, PAGE, BLOCK_N, False, DOT_PREC, WORDS, BLOCK_D)
             k_blocks, v_blocks = k_next, v_next
         for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
             acc, m_i, l_i = _fp8_tile(acc, m_i, l_i, q, qk_scale, n, seq_len, k_blocks, v_blocks, k_base, v_base,
                                       stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-                                      HEAD_DIM, PAGE, BLOCK_N, True, DOT_PREC, WORDS)
+                                      HEAD_DIM, PAGE, BLOCK_N, True, DOT_PREC, WORDS, BLOCK_D)
     else:
         q_pos = tl.full([GROUP_PAD], 0, tl.int32) + seq_len - 1
         for n in range(start, full_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
-                                         stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d,
-                                         PAGE, BLOCK_N, False, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT)
+                                         stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
+                                         PAGE, BLOCK_N, False, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT, PAD_D=PAD_D)
         for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
-                                         stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d,
-                                         PAGE, BLOCK_N, True, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT)
+                                         stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
+                                         PAGE, BLOCK_N, True, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT, PAD_D=PAD_D)
+    if PAD_D: row_ok = row_ok & d_ok[None, :]  # and no padded column is written
     if (start == 0) & (end == seq_len):  # the sequence's only piece
         out = acc / l_i[:, None]
         tl.store(O + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
@@ -218,28 +223,31 @@ def _decode_split_kernel(Q, K, V, O, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_T
 # %% ../../kernels_nb/07_decode_attention.ipynb #6d67c4e4
 @triton.jit(do_not_specialize=["CU_SPLITS"])
 def _decode_merge_kernel(O, M_PART, L_PART, ACC_PART, CU_SPLITS, stride_ob, stride_oh, stride_od,
-                         HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     "Combine the partial softmaxes of every piece of one (sequence, query head) into its output."
     seq, head = tl.program_id(0), tl.program_id(1)
     lo, hi = tl.load(CU_SPLITS + seq), tl.load(CU_SPLITS + seq + 1)
     if hi - lo == 1: return
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    d_ok = offs_d < HEAD_DIM
     m_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
     for s in range(lo, hi, BLOCK_S):
         part = (s + offs_s) * tl.num_programs(1) + head
         m_max = tl.maximum(m_max, tl.load(M_PART + part, mask=s + offs_s < hi, other=float("-inf")))
     m = tl.max(m_max, 0)
     den = tl.zeros([BLOCK_S], tl.float32)
-    acc = tl.zeros([BLOCK_S, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
     for s in range(lo, hi, BLOCK_S):
         ok = s + offs_s < hi
         part = (s + offs_s) * tl.num_programs(1) + head
         w = tl.exp2(tl.load(M_PART + part, mask=ok, other=float("-inf")) - m)
         den += tl.load(L_PART + part, mask=ok, other=0.0) * w
-        acc += tl.load(ACC_PART + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0) * w[:, None]
+        acc += load_tile(ACC_PART + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], ok[:, None], d_ok[None, :], True, PAD_D) * w[:, None]
     out = tl.sum(acc, 0) / tl.maximum(tl.sum(den, 0), 1e-30)  # no pieces: 0 / tiny = 0
-    tl.store(O + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d * stride_od, out.to(O.dtype.element_ty))
+    if PAD_D: tl.store(O + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d * stride_od, out.to(O.dtype.element_ty), mask=d_ok)
+    else: tl.store(O + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d * stride_od, out.to(O.dtype.element_ty))
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #ded8e211
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
@@ -268,11 +276,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _decode_split_kernel[(n, Hk)](
             q, kc, vc, out, m_part, l_part, acc_part, seq_lens.contiguous(), block_tables, rows.contiguous(),
             scale * math.log2(math.e), *q.stride(), *kc.stride(), *vc.stride(), *out.stride(), block_tables.stride(0),
-            GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, PAGE=page,
+            GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), PAGE=page,
             BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
             FP8=fp8, WORDS=words, **{k: v for k, v in cache_args(q, k_cache, v_cache).items() if k in ("FP16_DOT", "SAME_LAYOUT")},
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), HEAD_DIM=D, **merge_config(B))
+    _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), **merge_config(B))
     return out
 
 def merge_config(batch: int) -> dict:
