@@ -139,6 +139,9 @@ def get_quant_config(spec, model_dir=None) -> QuantConfig | None:
     cls = getattr(importlib.import_module(mod), cls_name)
     return cls.for_runtime(name) if isinstance(spec, str) else cls.from_hf(qc, model_dir)
 
+# %% ../nbs/02_layers.ipynb #a4b16e03
+QUANT_SCHEMES.update({"awq": "litellama.awq_gptq:AWQConfig", "gptq": "litellama.awq_gptq:GPTQConfig"})   # 4-bit checkpoints (22_awq_gptq)
+
 # %% ../nbs/02_layers.ipynb #4e2df2ef
 class Embedding(nn.Module):
     "Token embedding table `[vocab, hidden]`; also used as a tied LM head."

@@ -83,6 +83,11 @@ OPS = OPS + ("moe_topk", "fused_moe")
 BACKENDS["triton"].impls.update(moe_topk=_K + "fused_moe:topk_softmax", fused_moe=_K + "fused_moe:fused_moe")
 BACKENDS["torch"].impls.update(moe_topk=_K + "fused_moe:moe_topk", fused_moe=_K + "fused_moe:fused_moe_reference")
 
+# %% ../../kernels_nb/01_registry.ipynb #a4b16e02
+OPS = OPS + ("w4a16_linear",)
+BACKENDS["triton"].impls["w4a16_linear"] = _K + "w4a16:w4a16_linear"
+BACKENDS["torch"].impls["w4a16_linear"] = _K + "w4a16:w4a16_linear_ref"
+
 # %% ../../kernels_nb/01_registry.ipynb #59fe5bd5
 def _env_choice(op):
     "The backend forced for `op` by the environment, and the variable that forced it."
