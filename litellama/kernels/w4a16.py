@@ -142,7 +142,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, s_xm, k_
                 else:
                     acc = tl.dot(x, w.to(x.dtype), acc)
             else:
-                x = tl.load(x_ptr + kx, mask=kw_mask, other=0.).to(tl.float32)
+                x = tl.load(x_ptr + pid_m.to(tl.int64) * s_xm + kx, mask=kw_mask, other=0.).to(tl.float32)
                 acc += x[:, None] * w
     if USE_DOT:
         res = acc
