@@ -210,7 +210,7 @@ def _e4m3_to_f32(b):
 @triton.jit
 def _load_weight(ptrs, mask, FP8: tl.constexpr, WIDEN: tl.constexpr):
     "A weight tile as stored, or (`WIDEN`) fp8 bytes rebuilt as float32."
-    w = tl.load(ptrs, mask=mask, other=0)
+    w = tl.load(ptrs, mask=mask, other=0.0)     # a float: triton casts no integer to fp8
     if FP8 and WIDEN: w = _e4m3_to_f32(w)
     return w
 
