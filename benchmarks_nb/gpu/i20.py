@@ -215,7 +215,13 @@ def _():
         key = next(k for k in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total")
                    if hasattr(prof.key_averages()[0], k) and (DEV == "cuda" or k == "self_cpu_time_total"))
         ev = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))[:15]
-        profile = dict(steps=8, metric=key, top=[dict(name=e.key[:90], us=getattr(e, key), calls=e.count) for e in ev])
+        profile = dict(steps=8, metric=key, top=[dict(name=e.key[:90], us=getattr(e, key), us_per_step=getattr(e, key) / 8, calls=e.count) for e in ev])
+        groups = {"dense linears (qkv, o, router)": ("_skinny_linear", "nvjet", "gemv", "gemm"), "expert GEMMs": ("_moe_gate_up", "_moe_down"),
+                  "MoE glue (routing, alignment, top-k sum)": ("_moe_align", "_topk_softmax", "reduce_kernel", "bfloat16_copy"),
+                  "attention": ("_decode_", "_split_sum", "_rope"), "norms": ("_rms_norm",)}
+        kern = [e for e in prof.key_averages() if getattr(e, key) > 0 and not e.key.startswith(("aten::", "cuda", "Activity"))]
+        profile["us_per_step_by_group"] = {g: sum(getattr(e, key) for e in kern if any(t in e.key for t in pats)) / 8 for g, pats in groups.items()}
+        profile["us_per_step_all_kernels"] = sum(getattr(e, key) for e in kern) / 8
     except Exception as e: profile = f"{type(e).__name__}: {e}"
     graphs = sorted(eng.runner.graphs) if hasattr(eng.runner, "graphs") else None
     params = sum(p.numel() for p in model.parameters())
@@ -309,6 +315,8 @@ for r in p.get("kernels", []):
 for k in ("correctness_bf16", "correctness_fp8"):
     for r in p.get(k, []): print(f"{k:<22} {r['tokens']:>6} ok={r['ok']}  " + " ".join(f"{a}={b:.2e}" for a, b in r.items() if isinstance(b, float)))
 if "engine_tpot_batch1" in p: print(f"engine batch-1 TPOT {p['engine_tpot_batch1']['tpot_ms']:.2f} ms ({like})")
+if isinstance(p.get("engine_tpot_batch1", {}).get("decode_profile"), dict):
+    for g_, us in p["engine_tpot_batch1"]["decode_profile"].get("us_per_step_by_group", {}).items(): print(f"  decode step {g_:<42} {us:8.1f} us")
 if "hf_batch1" in p: print(f"HF batch-1 {p['hf_batch1']['output_tok_s']:.2f} tok/s; speed-up {p.get('batch1_speedup_vs_hf', float('nan')):.1f}x")
 for r in p.get("workload1", []):
     f = lambda k: format(r[k], "10.1f") if r.get(k) is not None else "         -"
