@@ -1,0 +1,97 @@
+"""Quality of the 8-bit schemes on real weights, on this CPU: perplexity of the bundled SmolLM2-135M-Instruct (float32)
+on the held-out text, and greedy-token agreement with float32 over 64 tokens on 16 chat prompts, for fp32, int8 W8A16,
+fp8 W8A16, plain W8A8 int8 and SmoothQuant W8A8 int8 (calibrated on a different text). Writes
+benchmarks_nb/results/quant8_quality.json.
+
+    PYTHONPATH=. python benchmarks_nb/quant8_quality.py [--alpha 0.5] [--out benchmarks_nb/results/quant8_quality.json]
+"""
+import argparse, datetime, json, math, subprocess, tempfile, time
+from pathlib import Path
+import torch
+
+PROMPTS = ["What is the capital of France?", "Explain photosynthesis in one paragraph.", "Write a haiku about the sea.",
+           "How do I reverse a list in Python?", "Name three prime numbers greater than 50.", "What causes the seasons on Earth?",
+           "Give me a recipe for pancakes.", "Translate 'good morning' into Spanish and German.", "Why is the sky blue?",
+           "Summarise the plot of Romeo and Juliet.", "What is the difference between a virus and a bacterium?",
+           "Suggest a name for a small bakery.", "How many minutes are in a week? Show the steps.",
+           "What is a black hole?", "List four healthy breakfast ideas.", "Describe the water cycle for a child."]
+
+def perplexity(model, ids, seq_len=512, block_size=16) -> float:
+    "exp(mean negative log-likelihood) of `ids`, in independent chunks of `seq_len` tokens (each predicting its own next tokens)."
+    from litellama.attention import build_model_input
+    c = model.config
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    nll, n = 0.0, 0
+    for i in range(0, len(ids) - 1, seq_len):
+        chunk = ids[i:i + seq_len + 1]
+        if len(chunk) < 2: break
+        inp, tgt = chunk[:-1], torch.tensor(chunk[1:])
+        nb = -(-len(inp) // block_size)
+        model.bind_kv_cache(torch.zeros(c.num_hidden_layers, 2, nb, block_size, c.num_key_value_heads, hd))
+        mi = build_model_input([(inp, 0, list(range(nb)))], block_size)
+        mi.logits_indices = torch.arange(len(inp))
+        with torch.no_grad(): logp = torch.log_softmax(model(mi).float(), -1)
+        nll -= logp[torch.arange(len(tgt)), tgt].sum().item(); n += len(tgt)
+    return math.exp(nll / n)
+
+def greedy(model_dir, quantization, max_tokens=64):
+    from litellama.llm import LLM
+    from litellama.sampling import SamplingParams
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", quantization=quantization)
+    outs = llm.chat([[{"role": "user", "content": p}] for p in PROMPTS], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+def agreement(a, b):
+    "Fraction of the positions where the two token lists agree, and the length of their common prefix."
+    same = sum(x == y for x, y in zip(a, b)) / max(len(a), 1)
+    prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return same, prefix
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--alpha", type=float, default=0.5)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "quant8_quality.json"))
+    ap.add_argument("--max-eval-tokens", type=int, default=4096)
+    a = ap.parse_args(argv)
+    from transformers import AutoTokenizer
+    from litellama.checkpoints import default_model_dir
+    from litellama.loader import load_model
+    from litellama.quant8 import write_w8a8_int8_checkpoint
+    from litellama.smoothquant import quantize_smoothquant
+    data = Path(__import__("litellama").__file__).parent / "data"
+    src = default_model_dir()
+    tok = AutoTokenizer.from_pretrained(str(src))
+    ids = tok((data / "heldout.txt").read_text())["input_ids"][:a.max_eval_tokens]
+    tmp = Path(tempfile.mkdtemp())
+    t0 = time.time()
+    w8a8 = write_w8a8_int8_checkpoint(src, tmp / "w8a8")
+    sq = quantize_smoothquant(src, tmp / "sq", alpha=a.alpha, calibration=data / "calibration.txt")
+    schemes = {"fp32": (src, None), "int8 W8A16": (src, "int8"), "fp8 W8A16": (src, "fp8"),
+               "W8A8 int8 (plain)": (w8a8, None), f"SmoothQuant W8A8 int8 (alpha {a.alpha})": (sq, None)}
+    rows, ref_tokens = [], None
+    for name, (d, q) in schemes.items():
+        t = time.time()
+        m, _ = load_model(d, dtype=torch.float32, device="cpu", quantization=q)
+        ppl = perplexity(m, ids)
+        del m
+        toks = greedy(d, q)
+        if ref_tokens is None: ref_tokens = toks
+        ag = [agreement(x, r) for x, r in zip(toks, ref_tokens)]
+        rows.append(dict(scheme=name, perplexity=ppl, token_agreement=sum(s for s, _ in ag) / len(ag),
+                         mean_common_prefix=sum(p for _, p in ag) / len(ag), prompts_identical=sum(p == 64 for _, p in ag),
+                         seconds=round(time.time() - t, 1)))
+        print(rows[-1], flush=True)
+    base = rows[0]["perplexity"]
+    for r in rows: r["ppl_change_pct"] = 100 * (r["perplexity"] / base - 1)
+    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except Exception: commit = "unknown"
+    res = dict(model="SmolLM2-135M-Instruct (bundled), float32 on the CPU", eval_text="litellama/data/heldout.txt",
+               eval_tokens=len(ids), seq_len=512, calibration_text="litellama/data/calibration.txt", alpha=a.alpha,
+               greedy=dict(prompts=len(PROMPTS), tokens=64, chat_template=True, ignore_eos=True),
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), commit=commit,
+               torch=torch.__version__, total_seconds=round(time.time() - t0, 1), rows=rows)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    print(f"wrote {a.out}")
+
+if __name__ == "__main__": main()
