@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 from .kernels.registry import ops
-from .layers import Linear, RMSNorm, RotaryEmbedding
+from .layers import Linear, RMSNorm, RotaryEmbedding, head_dim, RMSNorm, RotaryEmbedding
 
 # %% ../nbs/03_attention.ipynb #f778c388
 @dataclass
@@ -107,14 +107,14 @@ class PagedAttention(nn.Module):
 # %% ../nbs/03_attention.ipynb #ea8be2c6
 class SelfAttention(nn.Module):
     "q/k/v projection (fused), optional per-head q/k RMSNorm, rotary embedding, paged attention, output projection."
-    def __init__(self, config, rotary: RotaryEmbedding, qkv_bias: bool, o_bias: bool, qk_norm: bool, dtype=None, device=None):
+    def __init__(self, config, rotary: RotaryEmbedding, qkv_bias: bool, o_bias: bool, qk_norm: bool, dtype=None, device=None,
+                 quant=None, prefix: str = ""):
         super().__init__()
         H = config.hidden_size
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or H // self.num_heads
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(H, {"q": q, "k": kv, "v": kv}, qkv_bias, dtype, device)
-        self.o_proj = Linear(q, H, o_bias, dtype, device)
+        self.qkv_proj = Linear(H, {"q": q, "k": kv, "v": kv}, qkv_bias, dtype, device, quant, f"{prefix}.qkv_proj")
+        self.o_proj = Linear(q, H, o_bias, dtype, device, quant, f"{prefix}.o_proj")
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(self.head_dim, eps, dtype, device) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps, dtype, device) if qk_norm else None

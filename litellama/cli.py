@@ -25,6 +25,7 @@ def _engine_args(p):
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: every step runs eagerly")
     p.add_argument("--no-overlap", action="store_true", help="read each step back before scheduling the next (no overlapped steps)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="fp8: half the cache bytes of bf16 (default: the model's dtype)")
+    p.add_argument("--quantization", default=None, help="quantize a 16-bit checkpoint as it loads (a quantized checkpoint needs none)")
 
 def _engine_options(a) -> dict:
     opts = {k: getattr(a, k) for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len")
@@ -33,6 +34,7 @@ def _engine_options(a) -> dict:
     if a.enforce_eager: opts["enforce_eager"] = True
     if a.no_overlap: opts["async_scheduling"] = False
     if a.kv_cache_dtype != "auto": opts["kv_cache_dtype"] = a.kv_cache_dtype
+    if a.quantization: opts["quantization"] = a.quantization
     return opts
 
 def _sampling_args(p, max_tokens=256):

@@ -88,12 +88,13 @@ class ContinuousBatchingEngine:
         self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
 
     @classmethod
-    def from_pretrained(cls, path=None, dtype="auto", device="auto", **engine_options):
-        "Load the checkpoint at `path` (default: the bundled model) and build an engine over it."
+    def from_pretrained(cls, path=None, dtype="auto", device="auto", quantization=None, **engine_options):
+        """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
+        scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own)."""
         from transformers import AutoTokenizer
         model_dir = resolve_model_dir(path)
         device = resolve_device(device)
-        model, config = load_model(model_dir, dtype, device)
+        model, config = load_model(model_dir, dtype, device, quantization)
         try: tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         except Exception: tokenizer = None
         return cls(model, config, tokenizer, model_dir, device=device, dtype=resolve_dtype(dtype, device), **engine_options)

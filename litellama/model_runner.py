@@ -14,13 +14,13 @@ import numpy as np
 import torch
 from .attention import AttentionMetadata, ModelInput, build_model_input
 from .kernels.decode_attention import SplitPlanner
+from .layers import head_dim
 from .scheduler import SchedulerOutput
 
 # %% ../nbs/11_model_runner.ipynb #cd3857a0
 def kv_bytes_per_token(config, dtype) -> int:
     "Bytes of K and V one token occupies across all layers."
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    return config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim(config) * torch.empty((), dtype=dtype).element_size()
 
 # %% ../nbs/11_model_runner.ipynb #4b4d1348
 @dataclass
@@ -52,7 +52,7 @@ class ModelRunner:
                  kv_cache_dtype: torch.dtype | None = None):
         self.model, self.config, self.block_size, self.device, self.dtype = model, config, block_size, torch.device(device), dtype
         self.kv_cache_dtype = kv_cache_dtype or dtype
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.head_dim = head_dim(config)
         self.split_planner = SplitPlanner(config.num_key_value_heads, self.head_dim, dtype, self.device, self.kv_cache_dtype)
         self._tables = {}                                    # seq_id -> (its block_table list, that list as an array)
         self.graphs, self.graph_sizes = {}, []               # CUDA graphs by batch size, once captured

@@ -13,18 +13,18 @@ from typing import Iterable
 import torch
 from torch import nn
 from ..attention import ModelInput, SelfAttention
-from ..layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, linear
+from ..layers import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, head_dim
 
 # %% ../../nbs/04_models.ipynb #10c8a0ed
 class DecoderLayer(nn.Module):
     "Pre-norm block: `x + attn(norm(x))`, then `x + mlp(norm(x))`, the residual add fused into each norm."
-    def __init__(self, config, rotary, biases: dict, qk_norm: bool, dtype=None, device=None):
+    def __init__(self, config, rotary, biases: dict, qk_norm: bool, mlp: nn.Module, dtype=None, device=None, quant=None, prefix=""):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.self_attn = SelfAttention(config, rotary, biases["qkv"], biases["o"], qk_norm, dtype, device)
+        self.self_attn = SelfAttention(config, rotary, biases["qkv"], biases["o"], qk_norm, dtype, device, quant, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, biases["mlp"], dtype, device)
+        self.mlp = mlp
 
     def forward(self, positions, x, residual, attn):
         if residual is None: x, residual = self.input_layernorm(x), x
@@ -35,14 +35,14 @@ class DecoderLayer(nn.Module):
 
 # %% ../../nbs/04_models.ipynb #8d7c8b33
 class DecoderModel(nn.Module):
-    "Embedding, the stack of decoder layers, final norm (HF's `model.` prefix)."
-    def __init__(self, config, biases, qk_norm, dtype=None, device=None):
+    "Embedding, the stack of decoder layers, final norm (HF's `model.` prefix); `make_mlp(layer_idx, prefix)` builds each MLP."
+    def __init__(self, config, biases, qk_norm, make_mlp, dtype=None, device=None, quant=None):
         super().__init__()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.rotary = RotaryEmbedding(config, head_dim, config.max_position_embeddings, device)
+        self.rotary = RotaryEmbedding(config, head_dim(config), config.max_position_embeddings, device)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(config, self.rotary, biases, qk_norm, dtype, device)
-                                    for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, self.rotary, biases, qk_norm, make_mlp(i, f"model.layers.{i}.mlp"),
+                                                 dtype, device, quant, f"model.layers.{i}")
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
     def forward(self, mi: ModelInput):
@@ -72,18 +72,32 @@ class CausalLM(nn.Module):
         if getattr(config, "use_sliding_window", False):
             raise ValueError(f"{cls.__name__}: sliding-window attention is not supported")
 
-    def __init__(self, config, dtype=torch.float32, device="cpu"):
+    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
         super().__init__()
         self.check_config(config)
-        self.config = config
-        self.model = DecoderModel(config, self.biases(config), self.qk_norm, dtype, device)
+        self.config, self.quant = config, quant
+        make_mlp = lambda i, prefix: self.make_mlp(config, i, dtype, device, quant, prefix)
+        self.model = DecoderModel(config, self.biases(config), self.qk_norm, make_mlp, dtype, device, quant)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = self.model.embed_tokens if self.tied else Linear(config.hidden_size, config.vocab_size, False, dtype, device)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, dtype, device, quant,
+                              tie=self.model.embed_tokens if self.tied else None)
+
+    def make_mlp(self, config, layer_idx: int, dtype, device, quant, prefix: str) -> nn.Module:
+        "The MLP of layer `layer_idx`: a dense gated MLP (a sparse model overrides this)."
+        return GatedMLP(config.hidden_size, config.intermediate_size, self.biases(config)["mlp"], dtype, device, quant, prefix)
 
     def forward(self, mi: ModelInput) -> torch.Tensor:
         "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
-        hidden = self.model(mi)[mi.logits_indices]
-        return linear(hidden, self.lm_head.weight)
+        return self.lm_head(self.model(mi)[mi.logits_indices])
+
+    def route(self, name: str):
+        "`(module, param_name, shard)` that checkpoint tensor `name` loads into; KeyError or AttributeError if none."
+        *path, pname = name.split(".")
+        shard = None
+        if path and path[-1] in self.packed_modules: path[-1], shard = self.packed_modules[path[-1]]
+        module = self.get_submodule(".".join(path))
+        if not isinstance(getattr(module, pname, None), torch.Tensor): raise KeyError(name)
+        return module, pname, shard
 
     def bind_kv_cache(self, kv_cache):
         """Give each layer its `(k_cache, v_cache)`, each `[num_blocks, block_size, Hk, D]`: `kv_cache` yields one pair per
@@ -92,22 +106,13 @@ class CausalLM(nn.Module):
             layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = k, v
 
 # %% ../../nbs/04_models.ipynb #052025cb
-def _route(model, name: str):
-    "`(module, param_name, shard)` that checkpoint tensor `name` loads into, or raise KeyError."
-    *path, pname = name.split(".")
-    shard = None
-    if path and path[-1] in model.packed_modules: path[-1], shard = model.packed_modules[path[-1]]
-    module = model.get_submodule(".".join(path))   # AttributeError if absent
-    if not isinstance(getattr(module, pname, None), torch.Tensor): raise KeyError(name)
-    return module, pname, shard
-
 @torch.no_grad()
 def load_weights(model: CausalLM, weights: Iterable) -> None:
-    "Load `(name, tensor)` pairs into `model`; raise on unexpected, missing or misshapen tensors."
+    "Load `(name, tensor)` pairs into `model`, then let each layer finish (repack, quantize); raise on unexpected, missing or misshapen tensors."
     loaded = set()
     for name, tensor in weights:
         if name.endswith(model.ignored_suffixes) or (model.tied and name == "lm_head.weight"): continue
-        try: module, pname, shard = _route(model, name)
+        try: module, pname, shard = model.route(name)
         except (AttributeError, KeyError): raise KeyError(f"unexpected tensor '{name}' in the checkpoint") from None
         try:
             if hasattr(module, "load_weight"): module.load_weight(pname, tensor, shard)
@@ -125,6 +130,8 @@ def load_weights(model: CausalLM, weights: Iterable) -> None:
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise KeyError(f"missing tensors in the checkpoint: {', '.join(missing[:5])}{more}")
+    for module in model.modules():
+        if hasattr(module, "process_after_loading"): module.process_after_loading()
 
 # %% ../../nbs/04_models.ipynb #e71ac426
 class LlamaForCausalLM(CausalLM):
