@@ -34,12 +34,20 @@ def perplexity(model, ids, seq_len=512, block_size=16) -> float:
         nll -= logp[torch.arange(len(tgt)), tgt].sum().item(); n += len(tgt)
     return math.exp(nll / n)
 
-def greedy(model_dir, quantization, max_tokens=64):
-    from litellama.llm import LLM
-    from litellama.sampling import SamplingParams
-    llm = LLM(str(model_dir), dtype="float32", device="cpu", quantization=quantization)
-    outs = llm.chat([[{"role": "user", "content": p}] for p in PROMPTS], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outs]
+def greedy(model, prompt_ids, max_tokens=64, block_size=16):
+    "Greedy continuations of all prompts at once (one packed prefill, then batched decode steps), never stopping early."
+    from litellama.attention import build_model_input
+    c = model.config
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    per = -(-(max(map(len, prompt_ids)) + max_tokens) // block_size)
+    model.bind_kv_cache(torch.zeros(c.num_hidden_layers, 2, per * len(prompt_ids), block_size, c.num_key_value_heads, hd))
+    seqs, tables = [list(p) for p in prompt_ids], [list(range(i * per, (i + 1) * per)) for i in range(len(prompt_ids))]
+    chunks = [(s, 0, t) for s, t in zip(seqs, tables)]
+    for _ in range(max_tokens):
+        with torch.no_grad(): nxt = model(build_model_input(chunks, block_size)).argmax(-1).tolist()
+        for s, t in zip(seqs, nxt): s.append(t)
+        chunks = [([s[-1]], len(s) - 1, t) for s, t in zip(seqs, tables)]
+    return [s[len(p):] for s, p in zip(seqs, prompt_ids)]
 
 def agreement(a, b):
     "Fraction of the positions where the two token lists agree, and the length of their common prefix."
@@ -51,7 +59,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--alpha", type=float, default=0.5)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "quant8_quality.json"))
-    ap.add_argument("--max-eval-tokens", type=int, default=4096)
+    ap.add_argument("--max-eval-tokens", type=int, default=2048)
     a = ap.parse_args(argv)
     from transformers import AutoTokenizer
     from litellama.checkpoints import default_model_dir
@@ -62,6 +70,8 @@ def main(argv=None):
     src = default_model_dir()
     tok = AutoTokenizer.from_pretrained(str(src))
     ids = tok((data / "heldout.txt").read_text())["input_ids"][:a.max_eval_tokens]
+    chat_ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True) for p in PROMPTS]
+    chat_ids = [list(c["input_ids"]) if isinstance(c, dict) or hasattr(c, "keys") else list(c) for c in chat_ids]
     tmp = Path(tempfile.mkdtemp())
     t0 = time.time()
     w8a8 = write_w8a8_int8_checkpoint(src, tmp / "w8a8")
@@ -73,8 +83,8 @@ def main(argv=None):
         t = time.time()
         m, _ = load_model(d, dtype=torch.float32, device="cpu", quantization=q)
         ppl = perplexity(m, ids)
+        toks = greedy(m, chat_ids)
         del m
-        toks = greedy(d, q)
         if ref_tokens is None: ref_tokens = toks
         ag = [agreement(x, r) for x, r in zip(toks, ref_tokens)]
         rows.append(dict(scheme=name, perplexity=ppl, token_agreement=sum(s for s, _ in ag) / len(ag),
@@ -87,7 +97,7 @@ def main(argv=None):
     except Exception: commit = "unknown"
     res = dict(model="SmolLM2-135M-Instruct (bundled), float32 on the CPU", eval_text="litellama/data/heldout.txt",
                eval_tokens=len(ids), seq_len=512, calibration_text="litellama/data/calibration.txt", alpha=a.alpha,
-               greedy=dict(prompts=len(PROMPTS), tokens=64, chat_template=True, ignore_eos=True),
+               greedy=dict(prompts=len(PROMPTS), tokens=64, chat_template=True, stops_early=False),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), commit=commit,
                torch=torch.__version__, total_seconds=round(time.time() - t0, 1), rows=rows)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
