@@ -16,12 +16,12 @@ PROMPTS = ["What is the capital of France?", "Explain photosynthesis in one para
            "Suggest a name for a small bakery.", "How many minutes are in a week? Show the steps.",
            "What is a black hole?", "List four healthy breakfast ideas.", "Describe the water cycle for a child."]
 
-def perplexity(model, ids, seq_len=512, block_size=16) -> float:
-    "exp(mean negative log-likelihood) of `ids`, in independent chunks of `seq_len` tokens (each predicting its own next tokens)."
+def perplexity(model, ids, seq_len=512, block_size=16):
+    "`(exp(mean NLL), argmax at every position)` of `ids`, in independent chunks of `seq_len` tokens."
     from litellama.attention import build_model_input
     c = model.config
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    nll, n = 0.0, 0
+    nll, n, top1 = 0.0, 0, []
     for i in range(0, len(ids) - 1, seq_len):
         chunk = ids[i:i + seq_len + 1]
         if len(chunk) < 2: break
@@ -31,8 +31,8 @@ def perplexity(model, ids, seq_len=512, block_size=16) -> float:
         mi = build_model_input([(inp, 0, list(range(nb)))], block_size)
         mi.logits_indices = torch.arange(len(inp))
         with torch.no_grad(): logp = torch.log_softmax(model(mi).float(), -1)
-        nll -= logp[torch.arange(len(tgt)), tgt].sum().item(); n += len(tgt)
-    return math.exp(nll / n)
+        nll -= logp[torch.arange(len(tgt)), tgt].sum().item(); n += len(tgt); top1.append(logp.argmax(-1))
+    return math.exp(nll / n), torch.cat(top1)
 
 def greedy(model, prompt_ids, max_tokens=64, block_size=16):
     "Greedy continuations of all prompts at once (one packed prefill, then batched decode steps), never stopping early."
@@ -59,7 +59,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--alpha", type=float, default=0.5)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "quant8_quality.json"))
-    ap.add_argument("--max-eval-tokens", type=int, default=2048)
+    ap.add_argument("--max-eval-tokens", type=int, default=513)
+    ap.add_argument("--greedy-tokens", type=int, default=0, help="greedy tokens per chat prompt (64 in the full run; 0 skips it)")
     a = ap.parse_args(argv)
     from transformers import AutoTokenizer
     from litellama.checkpoints import default_model_dir
@@ -75,21 +76,24 @@ def main(argv=None):
     tmp = Path(tempfile.mkdtemp())
     t0 = time.time()
     w8a8 = write_w8a8_int8_checkpoint(src, tmp / "w8a8")
-    sq = quantize_smoothquant(src, tmp / "sq", alpha=a.alpha, calibration=data / "calibration.txt")
+    sq = quantize_smoothquant(src, tmp / "sq", alpha=a.alpha, calibration=data / "calibration.txt", max_tokens=1024)
     schemes = {"fp32": (src, None), "int8 W8A16": (src, "int8"), "fp8 W8A16": (src, "fp8"),
                "W8A8 int8 (plain)": (w8a8, None), f"SmoothQuant W8A8 int8 (alpha {a.alpha})": (sq, None)}
-    rows, ref_tokens = [], None
+    rows, ref_tokens, ref_top1 = [], None, None
     for name, (d, q) in schemes.items():
         t = time.time()
         m, _ = load_model(d, dtype=torch.float32, device="cpu", quantization=q)
-        ppl = perplexity(m, ids)
-        toks = greedy(m, chat_ids)
+        ppl, top1 = perplexity(m, ids)
+        if ref_top1 is None: ref_top1 = top1
+        row = dict(scheme=name, perplexity=ppl, top1_agreement=(top1 == ref_top1).float().mean().item())
+        if a.greedy_tokens:
+            toks = greedy(m, chat_ids, a.greedy_tokens)
+            if ref_tokens is None: ref_tokens = toks
+            ag = [agreement(x, r) for x, r in zip(toks, ref_tokens)]
+            row.update(token_agreement=sum(s for s, _ in ag) / len(ag), mean_common_prefix=sum(p for _, p in ag) / len(ag),
+                       prompts_identical=sum(p == a.greedy_tokens for _, p in ag))
         del m
-        if ref_tokens is None: ref_tokens = toks
-        ag = [agreement(x, r) for x, r in zip(toks, ref_tokens)]
-        rows.append(dict(scheme=name, perplexity=ppl, token_agreement=sum(s for s, _ in ag) / len(ag),
-                         mean_common_prefix=sum(p for _, p in ag) / len(ag), prompts_identical=sum(p == 64 for _, p in ag),
-                         seconds=round(time.time() - t, 1)))
+        rows.append(dict(**row, seconds=round(time.time() - t, 1)))
         print(rows[-1], flush=True)
     base = rows[0]["perplexity"]
     for r in rows: r["ppl_change_pct"] = 100 * (r["perplexity"] / base - 1)
@@ -97,7 +101,8 @@ def main(argv=None):
     except Exception: commit = "unknown"
     res = dict(model="SmolLM2-135M-Instruct (bundled), float32 on the CPU", eval_text="litellama/data/heldout.txt",
                eval_tokens=len(ids), seq_len=512, calibration_text="litellama/data/calibration.txt", alpha=a.alpha,
-               greedy=dict(prompts=len(PROMPTS), tokens=64, chat_template=True, stops_early=False),
+               greedy=dict(prompts=len(PROMPTS), tokens=a.greedy_tokens, chat_template=True, stops_early=False) if a.greedy_tokens else
+               "not run (--greedy-tokens 0): top1_agreement is the teacher-forced next-token argmax agreement with fp32 on the held-out text",
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), commit=commit,
                torch=torch.__version__, total_seconds=round(time.time() - t0, 1), rows=rows)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
