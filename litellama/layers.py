@@ -139,6 +139,11 @@ def get_quant_config(spec, model_dir=None) -> QuantConfig | None:
     cls = getattr(importlib.import_module(mod), cls_name)
     return cls.for_runtime(name) if isinstance(spec, str) else cls.from_hf(qc, model_dir)
 
+# %% ../nbs/02_layers.ipynb #a8q2sch1
+QUANT_SCHEMES["int8"] = "litellama.quant8:Int8Config"                            # 8-bit: nbs/20_quant8.ipynb
+QUANT_SCHEMES["fp8"] = "litellama.quant8:Fp8Config"                              # runtime fp8 and FP8 (block) checkpoints
+QUANT_SCHEMES["compressed-tensors"] = "litellama.quant8:CompressedTensorsConfig" # 8-bit compressed-tensors (W8A8, FP8)
+
 # %% ../nbs/02_layers.ipynb #a4b16e03
 QUANT_SCHEMES.update({"awq": "litellama.awq_gptq:AWQConfig", "gptq": "litellama.awq_gptq:GPTQConfig"})   # 4-bit checkpoints (22_awq_gptq)
 
