@@ -168,7 +168,7 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_sn, scal
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_mask = (k0 + rk) < k_hi
         x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.)
-        wb = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0)
+        wb = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.)
         if FP8:
             if NATIVE: w = wb.to(x.dtype)
             else: w = _widen_e4m3(wb).to(x.dtype)
@@ -214,7 +214,7 @@ def _w8a16_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_s
     else: acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_mask = (k0 + rk) < k_hi
-        wb = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0)
+        wb = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.)
         x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.)
         if BLOCKWISE:                                   # BLOCK_K divides SCALE_K: one scale per row and step
             sw = tl.load(s_ptr + (rn // scale_bn) * s_sn + k0 // SCALE_K, mask=n_mask, other=0.)
@@ -386,8 +386,8 @@ def _w8a8_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_
     else: acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_mask = (k0 + rk) < K
-        xb = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0)
-        wb = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0)
+        xb = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.)
+        wb = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.)
         if INT8:
             acc += tl.dot(xb, wb, out_dtype=tl.int32)
         else:
