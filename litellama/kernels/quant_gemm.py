@@ -301,6 +301,10 @@ def _w8a16_plan(M, N, K, blk, fp8, dtype, device, config):
     key = (M if M <= 16 else 17 if M <= 64 else 65, N, K, blk, fp8, dtype, device.type, device.index)
     if config is None and key in _PLANS: return _PLANS[key]
     cfg = {**_w8a16_rule(M, N, K, None if blk is None else blk[1], device, fp8), **(config or {})}
+    if config and "SPLIT_K" not in config and M <= 16:      # slices for the config's own tile width
+        sp = SPLIT["cuda" if device.type == "cuda" else "interpret"]
+        cfg["SPLIT_K"] = _split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], _num_sms(device), sp["min_split"],
+                                sp["programs_per_sm"], sp["max_split"])
     if blk is not None and cfg["path"] not in ("tiled", "tiled_small") and (blk[1] % cfg["BLOCK_K"] or cfg["BLOCK_K"] > blk[1]):
         raise ValueError(f"w8a16_gemm: BLOCK_K {cfg['BLOCK_K']} must divide the block's K size {blk[1]}")
     step = cfg["BLOCK_K"]
