@@ -17,7 +17,7 @@ from . import distributed as D
 from .distributed import DistributedError
 from .model_runner import ModelRunner, paged_kv_cache
 from .parallel_layers import load_sharded_model
-from .sampling import SamplingTensors, _mix32, sample_on_device
+from .sampling import SamplingTensors, sample_on_device, uniform_noise
 from .scheduler import SchedulerOutput
 
 # %% ../nbs/26_executor.ipynb #1289975b
@@ -57,13 +57,6 @@ def plan_of(msg: StepMessage) -> SchedulerOutput:
     return SchedulerOutput(seqs)
 
 # %% ../nbs/26_executor.ipynb #69b2a48b
-def _noise(seeds, steps, cols):
-    "`uniform_noise` of the global columns `cols` (the same hash as `sampling.uniform_noise`)."
-    M = 0xFFFFFFFF
-    row = _mix32((_mix32(seeds & M) ^ (steps * 0x9E3779B9)) & M)
-    h = _mix32(_mix32((row[:, None] ^ (cols[None] * 0x27D4EB2F)) & M) ^ (seeds[:, None] >> 32))
-    return ((h >> 8).float() + 0.5) / float(1 << 24)
-
 def pair_sampleable(st: SamplingTensors) -> bool:
     "Can rows sampled under `st` be decided by a (value, index) exchange?"
     return st.output_counts is None and st.filtered is None and st.num_logprobs < 0 and st.banned is None
@@ -79,7 +72,7 @@ def sample_parallel(logits: torch.Tensor, rows: list, vocab: int) -> tuple:
     score = logits.float()
     if not st.all_greedy:
         temp = torch.where(st.temperature > 0, st.temperature, torch.ones_like(st.temperature))
-        noisy = score / temp[:, None] - _noise(st.seeds, st.steps, cols).log().neg().log()
+        noisy = score / temp[:, None] - uniform_noise(st.seeds, st.steps, cols).log().neg().log()
         score = torch.where(st.temperature[:, None] > 0, noisy, score)
     score = score.masked_fill(cols[None] >= vocab, float("-inf"))
     v, i = score.max(-1)

@@ -53,7 +53,8 @@ class LLM:
         if len(plist) != len(prompts): raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         ids = [p if isinstance(p, dict) else self.engine.tokenize(p) for p in prompts]
         rids = [self.engine.add_request(t, sp, stream=False) for t, sp in zip(ids, plist)]  # text once, at the end
-        ids = [self.engine.requests[r][0].seq.token_ids[:self.engine.requests[r][0].seq.num_prompt_tokens] for r in rids]
+        seq = lambda r: self.engine.requests[r][0].seq        # a dict prompt's ids are known once its images are expanded
+        ids = [seq(r).token_ids[:seq(r).num_prompt_tokens] if isinstance(t, dict) else t for r, t in zip(rids, ids)]
         results = {rid: RequestOutput(rid, p, t, [CompletionOutput(i) for i in range(sp.n)]) for rid, p, t, sp in zip(rids, prompts, ids, plist)}
         bar = tqdm(total=len(rids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
         t0, ntok = time.perf_counter(), 0

@@ -104,10 +104,11 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
     h = h ^ (h >> 13); h = (h * 0xC2B2AE35) & _M32
     return h ^ (h >> 16)
 
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    "`[S, vocab]` uniforms in (0, 1), a pure function of each row's `(seed, step)` and the column."
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int | torch.Tensor) -> torch.Tensor:
+    """`[S, vocab]` uniforms in (0, 1), a pure function of each row's `(seed, step)` and the column; `vocab` may also be
+    the column ids wanted (a tensor-parallel rank's slice of the vocabulary)."""
     row = _mix32((_mix32(seeds & _M32) ^ (steps * 0x9E3779B9)) & _M32)
-    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    cols = vocab if isinstance(vocab, torch.Tensor) else torch.arange(vocab, device=seeds.device, dtype=torch.int64)
     h = _mix32(_mix32((row[:, None] ^ (cols[None] * 0x27D4EB2F)) & _M32) ^ (seeds[:, None] >> 32))
     return ((h >> 9).float() + 0.5) / float(1 << 23)      # 23 bits: exact in float32, so u < 1 always
 

@@ -254,7 +254,33 @@ W8A16_CONFIGS = {     # launch parameters on a GPU, per path; "gemv": M = 1, "sk
     "tiled":        dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
     "tiled_small":  dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
 }
-W8A16_TUNED = {}      # (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path], from the GPU sweep
+# (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path], from the GPU sweep
+W8A16_TUNED = {   # measured best under CUDA-graph replay on the H200 (benchmarks_nb/results/quant8_gemm_sweep.json)
+    ('gemv', 'int8', 6144, 4096): {'BLOCK_N': 8, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3},
+    ('gemv', 'int8', 4096, 4096): {'BLOCK_N': 4, 'BLOCK_K': 1024, 'num_warps': 4, 'num_stages': 3},
+    ('gemv', 'int8', 24576, 4096): {'BLOCK_N': 16, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('gemv', 'int8', 4096, 12288): {'BLOCK_N': 16, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('gemv', 'fp8', 6144, 4096): {'BLOCK_N': 8, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3},
+    ('gemv', 'fp8', 4096, 4096): {'BLOCK_N': 4, 'BLOCK_K': 1024, 'num_warps': 4, 'num_stages': 3},
+    ('gemv', 'fp8', 24576, 4096): {'BLOCK_N': 8, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3},
+    ('gemv', 'fp8', 4096, 12288): {'BLOCK_N': 8, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3},
+    ('skinny', 'int8', 6144, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('skinny', 'int8', 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('skinny', 'int8', 24576, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('skinny', 'int8', 4096, 12288): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('gemv_block', 'fp8', 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+    ('gemv_block', 'fp8', 4096, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+    ('gemv_block', 'fp8', 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+    ('gemv_block', 'fp8', 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+    ('skinny', 'fp8', 6144, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('skinny', 'fp8', 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('skinny', 'fp8', 24576, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('skinny', 'fp8', 4096, 12288): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
+    ('skinny_block', 'fp8', 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3},
+    ('skinny_block', 'fp8', 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3},
+    ('skinny_block', 'fp8', 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3},
+    ('skinny_block', 'fp8', 4096, 12288): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3},
+}
 INTERPRET_CONFIGS = {
     "gemv": dict(BLOCK_N=8, BLOCK_K=32), "gemv_block": dict(BLOCK_N=8, BLOCK_K=32), "skinny": dict(BLOCK_N=16, BLOCK_K=32),
     "skinny_block": dict(BLOCK_N=16, BLOCK_K=32), "tiled": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32), "tiled_small": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32)}
@@ -419,7 +445,17 @@ W8A8_CONFIGS = {      # launch parameters of the Triton W8A8 kernel on a GPU, pe
     "mid":   dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
     "large": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3),
 }
-W8A8_TUNED = {}       # (size, "int8" | "fp8" | "fp8_block", N, K) -> overrides
+# (size, "int8" | "fp8" | "fp8_block", N, K) -> overrides
+W8A8_TUNED = {   # measured best under CUDA-graph replay on the H200 (benchmarks_nb/results/quant8_gemm_sweep.json)
+    ('large', 'fp8', 6144, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4},
+    ('large', 'fp8', 4096, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4},
+    ('large', 'fp8', 24576, 4096): {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+    ('large', 'fp8', 4096, 12288): {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+    ('large', 'int8', 6144, 4096): {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+    ('large', 'int8', 4096, 4096): {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+    ('large', 'int8', 24576, 4096): {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+    ('large', 'int8', 4096, 12288): {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
+}
 FP8_BACKEND = "torch" # per-token x per-channel fp8 on sm_90+ with 16-bit output: "torch" (torch._scaled_mm, cuBLASLt) or "triton"
 
 def _w8a8_rule(M, N, K, bk, device, kind: str = "int8") -> dict:

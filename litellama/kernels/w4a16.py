@@ -172,7 +172,7 @@ def _w4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, K, group_size, BLOCK_W:
 
 # %% ../../kernels_nb/13_w4a16.ipynb #126de6d4
 DEFAULTS = {
-    "cuda":      dict(skinny_max_m=16, dequant_min_m=512,
+    "cuda":      dict(skinny_max_m=16, dequant_min_m=17,   # from 17 rows, dequantize then cuBLAS (w4a16_sweep.json)
                       one=dict(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3),
                       skinny=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
                       prefill=dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3),
@@ -185,7 +185,16 @@ DEFAULTS = {
                       dequant=dict(BLOCK_W=4, BLOCK_N=16, num_warps=1),
                       programs_per_sm=2, min_split=32, max_split=4),
 }
-TUNED: dict = {}   # (N, K, M bucket) -> launch parameters measured best on the GPU (benchmarks_nb/gpu/i19.py); overrides the rule
+TUNED: dict = {   # (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200 (w4a16_sweep.json)
+    (6144, 4096, 1): {'PATH': 'tile', 'BLOCK_M': 1, 'BLOCK_N': 64, 'BLOCK_K': 512, 'SPLIT_K': 6, 'num_warps': 8, 'num_stages': 3},
+    (4096, 4096, 1): {'PATH': 'tile', 'BLOCK_M': 1, 'BLOCK_N': 32, 'BLOCK_K': 512, 'SPLIT_K': 5, 'num_warps': 4, 'num_stages': 3},
+    (24576, 4096, 1): {'PATH': 'tile', 'BLOCK_M': 1, 'BLOCK_N': 64, 'BLOCK_K': 512, 'SPLIT_K': 2, 'num_warps': 8, 'num_stages': 3},
+    (4096, 12288, 1): {'PATH': 'tile', 'BLOCK_M': 1, 'BLOCK_N': 32, 'BLOCK_K': 512, 'SPLIT_K': 5, 'num_warps': 4, 'num_stages': 3},
+    (6144, 4096, 16): {'PATH': 'tile', 'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SPLIT_K': 11, 'num_warps': 4, 'num_stages': 3},
+    (4096, 4096, 16): {'PATH': 'tile', 'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SPLIT_K': 16, 'num_warps': 4, 'num_stages': 3},
+    (24576, 4096, 16): {'PATH': 'tile', 'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SPLIT_K': 3, 'num_warps': 4, 'num_stages': 3},
+    (4096, 12288, 16): {'PATH': 'tile', 'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SPLIT_K': 16, 'num_warps': 4, 'num_stages': 3},
+}
 
 def _rule(M: int, N: int, K: int, group_size: int, device_type: str = "cuda", num_sms: int = 132) -> dict:
     "The built-in launch parameters for `x [M, K]` times a 4-bit `[K, N]` weight with groups of `group_size`."
