@@ -49,6 +49,7 @@ class _StepSeq:
     num_computed_tokens: int
     block_table: list
     num_tokens: int
+    mm_inputs: tuple = ()      # images travel in-process only (tensor parallelism takes text)
 
 def plan_of(msg: StepMessage) -> SchedulerOutput:
     "The `SchedulerOutput` a worker runs for `msg`."
