@@ -47,8 +47,11 @@ def main():
                 res = dict(tree=name, round=rnd, **run(tree, kv, path)); rows.append(res)
                 w2 = res.get("w2", {}).get("tok_s"); w3 = (res.get("w3") or [{}])[0].get("tpot_ms")
                 print(f"{name:>10} kv={kv:<4} round {rnd}: w2 {w2 and round(w2)} tok/s  tpot {w3 and round(w3, 3)} ms  {res.get('error', '')[-300:]}", flush=True)
-    payload = dict(environment(), what="same-session A/B, each run in a fresh process", trees=trees,
-                   command="PYTHONPATH=. python3 benchmarks_nb/gpu/ab.py " + " ".join(sys.argv[1:]), rows=rows)
+    payload = dict(environment(), what="same-session A/B, each run in a fresh process", trees=trees, commits={t: t for t in trees},
+                   command="PYTHONPATH=. python3 benchmarks_nb/gpu/ab.py " + " ".join(sys.argv[1:]),
+                   runs=[dict(tag=r["tree"], **{k: v for k, v in r.items() if k != "tree"}) for r in rows if "w2" in r],
+                   kernel_runs=[dict(tag=r["tree"], rows=r["kernels"]) for r in rows if "kernels" in r],
+                   errors=[r for r in rows if "error" in r])
     (out / "ab.json").write_text(json.dumps(payload, indent=1))
 
 if __name__ == "__main__": main()
