@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.7.1
 export TRITON_INTERPRET ?= 1
 
-.PHONY: demo test export check-sync nbtest pytest browser docs clean
+.PHONY: demo test export check-sync nbtest pytest soak browser docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,11 @@ browser:
 	fi
 
 pytest: browser $(VENV)/.dev
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not slow"
+
+# The server's soak test (64 concurrent clients on the bundled model; its /health bound needs CPUs to spare).
+soak: browser $(VENV)/.dev
+	$(BIN)/pytest -q -m slow tests/test_server.py
 
 test: check-sync nbtest pytest
 

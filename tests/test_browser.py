@@ -211,7 +211,7 @@ def test_vision_chat_widget_uploads_and_shows_an_image(browser, jupyterlab):
     (d / "vision.ipynb").write_text(json.dumps(VISION_NB))
     Image.new("RGB", (120, 90), (30, 140, 200)).save(d / "blue.png")
     page = browser.new_page(viewport={"width": 1100, "height": 900})
-    page.goto(f"{url}/lab/tree/vision.ipynb")
+    page.goto(f"{url}/lab/tree/vision.ipynb?reset")        # a fresh workspace: the chat test's notebook stays closed
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
     page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=120_000)
     page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()

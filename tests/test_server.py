@@ -564,6 +564,7 @@ def test_schemathesis_over_openapi(server):
 
 
 # ---------------------------------------------------------------------------------------------------- soak
+@pytest.mark.slow      # `make soak`: 64 clients share this machine's CPUs with the server; not part of `make test`
 def test_soak_64_clients_bundled_model(tmp_path):
     """64 concurrent clients on the bundled SmolLM2: plain and streamed completions and chats, bad requests, clients that
     disconnect (streamed and not). Every good request's text equals its solo run (temperature 0), the bad ones get
