@@ -112,8 +112,8 @@ def _config(M: int, N: int, K: int, dtype: torch.dtype, device_type: str = "cuda
     return autotune.lookup("linear", key, rule, device_type)
 
 # %% ../../kernels_nb/10_linear.ipynb #9be5be7e
-SHAPE_RULES = {(2048, 4096): dict(SPLIT_K=1),      # (N, K): Qwen3-30B-A3B o_proj
-               (128, 2048): dict(SPLIT_K=1)}       # Qwen3-30B-A3B router, 128 experts
+SHAPE_RULES = {(2048, 4096): dict(BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1),   # (N, K): Qwen3-30B-A3B o_proj
+               (128, 2048): dict(BLOCK_N=1, BLOCK_K=2048, SPLIT_K=1)}    # Qwen3-30B-A3B router, 128 experts
 
 # %% ../../kernels_nb/10_linear.ipynb #ae90cdd7
 def _plan(K: int, cfg: dict) -> tuple[int, int]:

@@ -79,11 +79,9 @@ BACKENDS["torch"].impls.update({op: _K + f"vision:{op}_ref" for op in _VISION})
 
 # %% ../../kernels_nb/01_registry.ipynb #f3e1a20c
 # sparse MLP blocks (Qwen3-MoE): routing and the grouped expert kernels of 14_fused_moe, and their references
-OPS = OPS + ("moe_topk", "fused_moe", "routed_moe")
-BACKENDS["triton"].impls.update(moe_topk=_K + "fused_moe:topk_softmax", fused_moe=_K + "fused_moe:fused_moe",
-                                routed_moe=_K + "fused_moe:routed_moe")
-BACKENDS["torch"].impls.update(moe_topk=_K + "fused_moe:moe_topk", fused_moe=_K + "fused_moe:fused_moe_reference",
-                               routed_moe=_K + "fused_moe:routed_moe_reference")
+OPS = OPS + ("moe_topk", "fused_moe")
+BACKENDS["triton"].impls.update(moe_topk=_K + "fused_moe:topk_softmax", fused_moe=_K + "fused_moe:fused_moe")
+BACKENDS["torch"].impls.update(moe_topk=_K + "fused_moe:moe_topk", fused_moe=_K + "fused_moe:fused_moe_reference")
 
 # %% ../../kernels_nb/01_registry.ipynb #a4b16e02
 OPS = OPS + ("w4a16_linear",)

@@ -68,15 +68,9 @@ class FusedMoE(nn.Module):
         parts = ("down",) if param_name.startswith("down") else ("gate", "up")
         return [(e, p) for e in range(self.num_experts) for p in parts]
 
-    def _scales(self): return (self.gate_up_proj_scale_inv, self.down_proj_scale_inv) if self.fp8_block else (None, None)
-
     def forward(self, x, topk_weights, topk_ids):
-        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, *self._scales(), self.fp8_block or 128)
-
-    def routed(self, x, router_logits, top_k: int, renormalize: bool):
-        "The experts from the router's logits (routing inside the kernels at decode): `ops.routed_moe`."
-        return ops.routed_moe(x, router_logits, self.gate_up_proj, self.down_proj, top_k, renormalize, *self._scales(),
-                              self.fp8_block or 128)
+        scales = (self.gate_up_proj_scale_inv, self.down_proj_scale_inv) if self.fp8_block else (None, None)
+        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, *scales, self.fp8_block or 128)
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #db6fd48c
 class SparseMoeBlock(nn.Module):
@@ -90,7 +84,8 @@ class SparseMoeBlock(nn.Module):
         self.experts = FusedMoE(E, H, config.moe_intermediate_size, dtype, device, fp8_block)
 
     def forward(self, x):
-        return self.experts.routed(x, self.gate(x), self.top_k, self.renormalize)
+        topk_weights, topk_ids = ops.moe_topk(self.gate(x), self.top_k, self.renormalize)
+        return self.experts(x, topk_weights, topk_ids)
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #697fefc6
 def fp8_block_size(quant) -> int | None:
