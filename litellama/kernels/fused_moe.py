@@ -216,11 +216,17 @@ def _load_weight(ptrs, mask, FP8: tl.constexpr, WIDEN: tl.constexpr):
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #6c2c69b5
 @triton.jit(do_not_specialize=["S"])
-def _moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, bexp_ptr, total_ptr, S, H, I,
+def _moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, bexp_ptr, total_ptr, z_ptr, S, H, I, ZN,
                         s_xt, s_we, s_wn, s_se, s_sn, s_sk, TOP_K: tl.constexpr, FP8: tl.constexpr, WIDEN: tl.constexpr,
-                        SB: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        SB: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        ZERO: tl.constexpr, ZBLOCK: tl.constexpr):
     "`out[slot] = silu(x[slot // k] @ gate_e.T) * (x[slot // k] @ up_e.T)` for one tile of one expert's rows."
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if ZERO:                                              # the first block's programs zero the down kernel's [T, H] sums
+        if pid_m == 0:
+            zr = tl.arange(0, ZBLOCK)
+            for z0 in range(pid_n * ZBLOCK, ZN, tl.num_programs(1) * ZBLOCK):
+                tl.store(z_ptr + z0 + zr, tl.zeros([ZBLOCK], dtype=tl.float32), mask=z0 + zr < ZN)
     if pid_m * BLOCK_M >= tl.load(total_ptr): return
     e = tl.load(bexp_ptr + pid_m).to(tl.int64)
     slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -264,8 +270,9 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, bexp_ptr, tot
 @triton.jit(do_not_specialize=["S"])
 def _moe_down_kernel(h_ptr, w_ptr, ws_ptr, tw_ptr, out_ptr, sorted_ptr, bexp_ptr, total_ptr, S, H, I,
                      s_we, s_wn, s_se, s_sn, s_sk, FP8: tl.constexpr, WIDEN: tl.constexpr, SB: tl.constexpr,
-                     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    "`out[slot] = topk_weight[slot] * (h[slot] @ down_e.T)` for one tile of one expert's rows."
+                     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SUM_TOPK: tl.constexpr, TOP_K: tl.constexpr):
+    "`out[slot] = topk_weight[slot] * (h[slot] @ down_e.T)` for one tile of one expert's rows; `SUM_TOPK`: added into float32 `out[slot // k]`."
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(total_ptr): return
     e = tl.load(bexp_ptr + pid_m).to(tl.int64)
@@ -291,13 +298,18 @@ def _moe_down_kernel(h_ptr, w_ptr, ws_ptr, tw_ptr, out_ptr, sorted_ptr, bexp_ptr
         w_ptrs += BLOCK_K
     tw = tl.load(tw_ptr + slot, mask=m_mask, other=0.).to(tl.float32)
     y = acc.to(DT).to(tl.float32) * tw[:, None]
-    tl.store(out_ptr + rows[:, None] * H + rn[None, :], y.to(DT), mask=m_mask[:, None] & n_mask[None, :])
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SUM_TOPK:                                          # rounded as the slot's row would be, then summed in float32
+        tok = (slot // TOP_K).to(tl.int64)
+        tl.atomic_add(out_ptr + tok[:, None] * H + rn[None, :], y.to(DT).to(tl.float32), mask=mask, sem="relaxed")
+    else:
+        tl.store(out_ptr + rows[:, None] * H + rn[None, :], y.to(DT), mask=mask)
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #22cfec38
 DEFAULTS = {
-    "decode":    dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),
-    "prefill":   dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=3),
-    "interpret": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, DOWN_BLOCK_N=32, num_warps=1, num_stages=1),
+    "decode":    dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4, SUM_TOPK=True),
+    "prefill":   dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=3, SUM_TOPK=False),
+    "interpret": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, DOWN_BLOCK_N=32, num_warps=1, num_stages=1, SUM_TOPK=True),
 }
 
 def _config(T: int, E: int, H: int, I: int, top_k: int, dtype, fp8: bool, device_type: str = "cuda") -> dict:
@@ -347,12 +359,15 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     common = dict(FP8=fp8, WIDEN=widen, SB=block_size, IEEE=x.dtype == torch.float32, BLOCK_M=bm,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     h = torch.empty(S, I, dtype=x.dtype, device=x.device)
+    fuse = bool(cfg.get("SUM_TOPK", False))
+    y = torch.empty(T, H, dtype=torch.float32, device=x.device) if fuse else torch.empty(S, H, dtype=x.dtype, device=x.device)
     n_blocks = block_experts.numel()
     _moe_gate_up_kernel[(n_blocks, triton.cdiv(I, cfg["BLOCK_N"]))](
-        x, w13, s13, h, sorted_slots, block_experts, total, S, H, I, x.stride(0), w13.stride(0), w13.stride(1),
-        *ss13, TOP_K=K, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], **common)
-    y = torch.empty(S, H, dtype=x.dtype, device=x.device)
+        x, w13, s13, h, sorted_slots, block_experts, total, y, S, H, I, T * H if fuse else 0, x.stride(0), w13.stride(0),
+        w13.stride(1), *ss13, TOP_K=K, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], ZERO=fuse, ZBLOCK=1024, **common)
     _moe_down_kernel[(n_blocks, triton.cdiv(H, cfg["DOWN_BLOCK_N"]))](
         h, w2, s2, topk_weights.contiguous(), y, sorted_slots, block_experts, total, S, H, I, w2.stride(0), w2.stride(1),
-        *ss2, BLOCK_N=cfg["DOWN_BLOCK_N"], BLOCK_K=min(cfg["BLOCK_K"], max(16, triton.next_power_of_2(I))), **common)
+        *ss2, BLOCK_N=cfg["DOWN_BLOCK_N"], BLOCK_K=min(cfg["BLOCK_K"], max(16, triton.next_power_of_2(I))),
+        SUM_TOPK=fuse, TOP_K=K, **common)
+    if fuse: return y.to(x.dtype)          # the float32 sums, rounded once
     return y.view(T, K, H).sum(1)          # torch sums 16-bit floats in float32 and rounds once: one launch, not two
