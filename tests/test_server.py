@@ -387,8 +387,75 @@ def test_bundled_model_chat(tmp_path):
                     c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0, stream=True))
         assert s == text
         assert r.usage.prompt_tokens == httpx.post(url + "/tokenize", json={"messages": msgs}, headers=AUTH).json()["count"]
+        _bundled_tools(c)
     finally:
         proc.terminate(); proc.wait(30); log.close()
+
+
+def _bundled_tools(c):
+    "SmolLM2's template has no tool support: a forced call still comes back as a call that follows the schema."
+    msgs = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+    kw = dict(model=MODEL, messages=msgs, tools=[WEATHER_TOOL, ADD_TOOL], max_tokens=40, temperature=0)
+    r = c.chat.completions.create(tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kw).choices[0]
+    assert r.finish_reason == "stop" and r.message.content is None and len(r.message.tool_calls) == 1, r
+    call = r.message.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and call.id.startswith("call_") and set(args) == {"city"}, call
+    assert "paris" in args["city"].lower(), args                 # the schemas reach the model: it fills in the city asked about
+    assert _client_stream(c, tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kw) == \
+        (None, [(call.function.name, call.function.arguments)], "stop")
+    req = c.chat.completions.create(tool_choice="required", parallel_tool_calls=False, **kw).choices[0]
+    assert req.finish_reason == "tool_calls" and len(req.message.tool_calls) == 1, req
+    f = req.message.tool_calls[0].function
+    _check_call(f.name, json.loads(f.arguments))
+    assert _client_stream(c, tool_choice="required", parallel_tool_calls=False, **kw) == (None, [(f.name, f.arguments)], "tool_calls")
+    free = c.chat.completions.create(tool_choice="auto", **kw).choices[0]       # no template support: auto is plain text
+    assert free.message.tool_calls is None and free.message.content, free
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
+ADD_TOOL = {"type": "function", "function": {"name": "add", "description": "Add two numbers", "parameters": {"type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["a", "b"], "additionalProperties": False}}}
+
+
+def _check_call(name, args):
+    "The arguments follow their function's schema."
+    if name == "get_weather": assert set(args) == {"city"} and isinstance(args["city"], str), args
+    else:
+        assert name == "add" and set(args) == {"a", "b"}, (name, args)
+        assert all(type(v) is int and 0 <= v <= 99 for v in args.values()), args
+
+
+def _client_stream(c, **kw):
+    "A streamed chat through the official client, put back together: `(content or None, [(name, arguments)], finish_reason)`."
+    content, calls, reason = "", {}, None
+    for ch in c.chat.completions.create(stream=True, **kw):
+        if not ch.choices: continue
+        d = ch.choices[0].delta
+        content += d.content or ""; reason = ch.choices[0].finish_reason or reason
+        for t in d.tool_calls or []:
+            name, args = calls.get(t.index, ("", ""))
+            calls[t.index] = (name + (t.function.name or ""), args + (t.function.arguments or ""))
+    return content or None, [calls[i] for i in sorted(calls)], reason
+
+
+def test_tools_openai_client(client):
+    "Forced calls on the tiny random model, read through the official client's types, plain and streamed."
+    _needs_xgrammar()
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Add 2 and 3."}], tools=[ADD_TOOL], max_tokens=40, temperature=0)
+    named = {"type": "function", "function": {"name": "add"}}
+    r = client.chat.completions.create(tool_choice=named, **kw).choices[0]
+    assert r.finish_reason == "stop" and r.message.content is None, r
+    f = r.message.tool_calls[0].function
+    _check_call(f.name, json.loads(f.arguments))
+    assert _client_stream(client, tool_choice=named, **kw) == (None, [(f.name, f.arguments)], "stop")
+    one = client.chat.completions.create(tool_choice="required", parallel_tool_calls=False, **{**kw, "max_tokens": 60}).choices[0]
+    assert one.finish_reason == "tool_calls" and len(one.message.tool_calls) == 1, one
+    _check_call(one.message.tool_calls[0].function.name, json.loads(one.message.tool_calls[0].function.arguments))
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.chat.completions.create(tool_choice={"type": "function", "function": {"name": "nope"}}, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------- isolation (issue 25)
