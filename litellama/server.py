@@ -9,8 +9,8 @@ __all__ = ['TOOL_OPEN', 'TOOL_CLOSE', 'DISCONNECT_POLL_S', 'GRACEFUL_SHUTDOWN_S'
            'max_token_chars', 'check_chars', 'schemas', 'response_schemas', 'openapi_spec', 'structured_outputs',
            'sampling_params', 'tool_choice_of', 'tool_call_schema', 'HermesToolParser', 'parse_tool_calls',
            'template_has_tools', 'with_tools', 'chat_prompt', 'prompt_ids', 'check_length', 'split_prompts',
-           'chat_prompt_ids', 'completion_logprobs', 'chat_logprobs', 'ServerMetrics', 'completions',
-           'chat_completions', 'BearerAuth', 'build_app', 'serve', 'bench_serving']
+           'chat_prompt_ids', 'completion_logprobs', 'echo_logprobs', 'join_logprobs', 'chat_logprobs', 'ServerMetrics',
+           'completions', 'chat_completions', 'BearerAuth', 'build_app', 'serve', 'bench_serving']
 
 # %% ../nbs/15_server.ipynb #3d1376f5
 import asyncio, functools, json, math, random, secrets, signal, statistics, time, uuid
@@ -558,6 +558,18 @@ def completion_logprobs(tokenizer, token_ids, logprobs, n: int, offset: int = 0)
         out["text_offset"].append(offset); offset += len(s)
     return out
 
+def echo_logprobs(tokenizer, ids, prompt_lps, n: int) -> dict:
+    """Legacy completions `logprobs` for the prompt `ids` (`echo`): each token's logprob given those before it, `prompt_lps`
+    from `prompt_logprobs`; the first token has none, as OpenAI's."""
+    first = _tok_str(tokenizer, ids[0])
+    rest = completion_logprobs(tokenizer, ids[1:], prompt_lps[1:], n, offset=len(first))
+    return {"tokens": [first] + rest["tokens"], "token_logprobs": [None] + rest["token_logprobs"],
+            "top_logprobs": [None] + rest["top_logprobs"], "text_offset": [0] + rest["text_offset"]}
+
+def join_logprobs(a: dict | None, b: dict) -> dict:
+    "Two legacy `logprobs` objects, one after the other."
+    return b if a is None else {k: a[k] + b[k] for k in b}
+
 def chat_logprobs(tokenizer, token_ids, logprobs, n: int) -> list:
     "Chat `logprobs.content`: per token `{token, logprob, bytes, top_logprobs}`."
     rec = lambda t, v: {"token": (s := _tok_str(tokenizer, t)), "logprob": float(v), "bytes": list(s.encode())}
@@ -723,6 +735,11 @@ async def completions(st, req):
     for ids in prompts: check_length(eng, ids, params)
     heads = await asyncio.to_thread(lambda: [p if isinstance(p, str) else eng.tokenizer.decode(ids) for p, ids in zip(raw, prompts)]) \
         if req.echo else [""] * len(raw)
+    echo_lp = [None] * len(prompts)
+    if req.echo and req.logprobs is not None:            # the prompt's own logprobs, scored between engine steps
+        try: plps = [await st.engine.prompt_logprobs(ids, req.logprobs) for ids in prompts]
+        except (ValueError, AttributeError) as e: raise APIError(f"echo with logprobs: {e}", param="echo") from None
+        echo_lp = [echo_logprobs(eng.tokenizer, ids, plp, req.logprobs) for ids, plp in zip(prompts, plps)]
     run = _Run(st, prompts, params, "completions")
     first, it = await run.first()
     cid, created, n = f"cmpl-{uuid.uuid4().hex}", int(time.time()), params.n
@@ -732,7 +749,8 @@ async def completions(st, req):
 
     if not req.stream:
         text, toks, lps, reasons = await _collect(_outputs(first, it), lambda i, out: i * n + out.index)
-        choices = [{"index": k, "text": heads[k // n] + text.get(k, ""), "logprobs": lp(toks.get(k, []), lps.get(k), len(heads[k // n])),
+        choices = [{"index": k, "text": heads[k // n] + text.get(k, ""),
+                    "logprobs": None if req.logprobs is None else join_logprobs(echo_lp[k // n], lp(toks.get(k, []), lps.get(k), len(heads[k // n]))),
                     "finish_reason": _finish(reasons.get(k))} for k in range(len(prompts) * n)]
         return {"id": cid, "object": "text_completion", "created": created, "model": st.model_name,
                 "choices": choices, "usage": usage()}
@@ -741,7 +759,7 @@ async def completions(st, req):
         offsets = {k: len(heads[k // n]) for k in range(len(prompts) * n)}    # text_offset: where each token's text starts
         if req.echo:
             for k in range(len(prompts) * n):
-                yield [{"index": k, "text": heads[k // n], "logprobs": None, "finish_reason": None}]
+                yield [{"index": k, "text": heads[k // n], "logprobs": echo_lp[k // n], "finish_reason": None}]
         async for i, out in _outputs(first, it):
             k = i * n + out.index
             if not (out.delta or out.token_ids or out.finished): continue

@@ -582,8 +582,13 @@ def test_completion_logprobs_offsets_echo_and_zero(client):
     lp = plain.logprobs
     assert lp.text_offset[0] == 0 and all(b - a == len(t) for a, b, t in zip(lp.text_offset, lp.text_offset[1:], lp.tokens))
     echo = client.completions.create(logprobs=2, echo=True, **kw).choices[0]
-    assert echo.text == prompt + plain.text and echo.logprobs.text_offset[0] == len(prompt)
-    assert echo.logprobs.text_offset == [len(prompt) + o for o in lp.text_offset]
+    P = len(echo.logprobs.tokens) - len(lp.tokens)                         # the prompt's tokens come first
+    assert echo.text == prompt + plain.text and "".join(echo.logprobs.tokens[:P]) == prompt
+    assert echo.logprobs.token_logprobs[0] is None and echo.logprobs.top_logprobs[0] is None       # nothing predicts the first
+    assert echo.logprobs.text_offset[:P] == [len("".join(echo.logprobs.tokens[:j])) for j in range(P)]
+    assert echo.logprobs.text_offset[P:] == [len(prompt) + o for o in lp.text_offset]
+    assert echo.logprobs.tokens[P:] == lp.tokens and echo.logprobs.token_logprobs[P:] == lp.token_logprobs
+    _check_prompt_logprobs(prompt, echo.logprobs, P)
     zero = client.completions.create(logprobs=0, **kw).choices[0].logprobs
     assert [list(t) for t in zero.top_logprobs] == [[tok] for tok in zero.tokens]          # the sampled token, always
     # a stop string holds text back in the stream: offsets must not depend on how the text was cut into chunks
@@ -595,6 +600,29 @@ def test_completion_logprobs_offsets_echo_and_zero(client):
         chunks = list(client.completions.create(stream=True, **kws))
         got = [o for c in chunks if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
         assert got == want.text_offset
+
+
+_HF = {}
+
+
+def _check_prompt_logprobs(prompt, lp, P):
+    "The echoed prompt's logprobs against HF transformers on the same checkpoint (a pure-PyTorch forward)."
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    d = _HF["dir"]
+    if "model" not in _HF: _HF["model"] = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(d)
+    ids = tok.encode(prompt, add_special_tokens=False)
+    assert len(ids) == P
+    with torch.no_grad(): ref = _HF["model"](torch.tensor([ids])).logits[0].log_softmax(-1)
+    for j in range(1, P):
+        assert math.isclose(lp.token_logprobs[j], ref[j - 1, ids[j]].item(), abs_tol=1e-4), (j, lp.token_logprobs[j])
+        top = {tok.decode([t]) for t in ref[j - 1].topk(2).indices.tolist()} | {lp.tokens[j]}
+        assert set(lp.top_logprobs[j]) == top, (j, lp.top_logprobs[j], top)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _hf_dir(model_dir): _HF["dir"] = model_dir
 
 
 def test_405_has_allow(server):
