@@ -57,7 +57,7 @@ browser:
 pytest: browser $(VENV)/.dev
 	$(BIN)/pytest -q -m "not slow"
 
-# The server's soak test (64 concurrent clients on the bundled model; its /health bound needs CPUs to spare).
+# The server's long soak test (4 rounds of 64 concurrent clients on the bundled model); `make test` runs one round.
 soak: browser $(VENV)/.dev
 	$(BIN)/pytest -q -m slow tests/test_server.py
 
