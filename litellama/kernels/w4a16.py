@@ -119,12 +119,12 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G, s_x
     w_rows = qw_ptr + rn.to(tl.int64)[:, None, None] * KW
     acc = tl.zeros([BLOCK_N, SUBS], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, SUBS * SUB_W * 8):
-        kw = k0 // 8 + rt[:, None] * SUB_W + rw[None, :]              # [SUBS, SUB_W] word columns
+        kw = (k0 // 8 + rt[:, None] * SUB_W + rw[None, :])[None, :, :]   # [1, SUBS, SUB_W] word columns
         kw_mask = kw < KW
-        words = tl.load(w_rows + kw[None, :, :], mask=n_mask[:, None, None] & kw_mask[None, :, :], other=0)
+        words = tl.load(w_rows + kw, mask=n_mask[:, None, None] & kw_mask, other=0)
         high = words >> 16                                            # nibbles 4..7 moved down to bits 0..15
         dot = tl.zeros([BLOCK_N, SUBS, SUB_W], dtype=tl.float32)
-        xs = tl.zeros([SUBS, SUB_W], dtype=tl.float32)
+        xs = tl.zeros([1, SUBS, SUB_W], dtype=tl.float32)
         for j in tl.static_range(8):
             half = words if j < 4 else high
             # nibble at bits p..p+3 under the exponent of 2^23: the float 2^23 + q 2^p, exact
@@ -132,13 +132,13 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G, s_x
             qp = bits.to(tl.float32, bitcast=True) - 8388608.0
             xj = tl.load(x_row + kw * 8 + j, mask=kw_mask, other=0.).to(tl.float32)
             xs += xj
-            dot += qp * (xj * (1.0 / (1 << (4 * (j % 4)))))[None, :, :]
+            dot += qp * (xj * (1.0 / (1 << (4 * (j % 4)))))           # x loaded as [1, SUBS, SUB_W]: broadcast over rows
         g = (k0 + rt * (SUB_W * 8)) // group_size                     # each run's group
         g_mask = n_mask[:, None] & (k0 + rt * (SUB_W * 8) < k_hi)[None, :]
         g_off = rn.to(tl.int64)[:, None] * G + g[None, :]
         s = tl.load(s_ptr + g_off, mask=g_mask, other=0.).to(tl.float32)
         z = tl.load(z_ptr + g_off, mask=g_mask, other=0.).to(tl.float32)
-        acc += s * (tl.sum(dot, axis=2) - z * tl.sum(xs, axis=1)[None, :])   # sum x (q - z) s = s (sum x q - z sum x)
+        acc += s * (tl.sum(dot, axis=2) - z * tl.sum(xs, axis=2))   # sum x (q - z) s = s (sum x q - z sum x)
     res = tl.sum(acc, axis=1)
     if PARTIAL:
         tl.store(out_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, res, mask=n_mask)
