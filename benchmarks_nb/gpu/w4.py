@@ -72,6 +72,24 @@ def part(name, start_before):
         return fn
     return deco
 
+def write():
+    "The JSON as it stands."
+    res["sweep"] = SWEEP_ROWS
+    res["seconds"] = round(time.time() - T0, 1)
+    os.makedirs(OUT, exist_ok=True)
+    path = os.path.join(OUT, "w4.json")
+    with open(path, "w") as f: json.dump(res, f, indent=1, default=str)
+    return path
+
+def _time_out():
+    "The global time guard: past 148 s, write what there is and leave."
+    res["errors"]["watchdog"] = "stopped at 148 s; parts after this point are missing"
+    try: print("time guard: wrote", write(), flush=True)
+    finally: os._exit(3)
+
+import threading
+WATCHDOG = threading.Timer(1e9 if DRY else 148.0, _time_out); WATCHDOG.daemon = True; WATCHDOG.start()
+
 def late(limit=LIMIT_S): return not DRY and time.time() - T0 > limit
 
 def graph_ms(fns, calls=20, replays=5):
@@ -204,6 +222,9 @@ def summary():
 @part("sweep_decode", 75)
 def _(): return dict(rows=sweep([m for m in MS if m <= 16], 75))
 
+@part("sweep_prefill", 85)
+def _(): return dict(rows=sweep([m for m in MS if m > 16], 88))
+
 TUNED_FOUND = {}
 @part("tuned", 140)
 def _():
@@ -255,10 +276,10 @@ def tpot(quant):
     if DEV == "cuda": torch.cuda.empty_cache()
     return dict(tpot_ms=sorted(runs[1:])[len(runs[1:]) // 2], runs_ms=runs, build_s=build_s, engine_setup_s=setup_s, model_bytes=params_bytes)
 
-@part("tpot_bf16", 80)
+@part("tpot_bf16", 95)
 def _(): return tpot(None)
 
-@part("tpot_awq", 105)
+@part("tpot_awq", 112)
 def _():
     from litellama.awq_gptq import AWQConfig
     W.TUNED.update(TUNED_FOUND); W._PLANS.clear()                   # the sweep's best configs, as the kernel would read them
@@ -267,19 +288,13 @@ def _():
     if "tpot_bf16" in res["parts"]: r["ratio_vs_bf16"] = r["tpot_ms"] / res["parts"]["tpot_bf16"]["tpot_ms"]
     return r
 
-@part("sweep_prefill", 125)
-def _(): return dict(rows=sweep([m for m in MS if m > 16], 125))
-
 @part("tuned_all", 148)
 def _():
     best, tuned = summary()
     return dict(best=best, table={str(k): v for k, v in tuned.items()})
 
-res["sweep"] = SWEEP_ROWS
-res["seconds"] = round(time.time() - T0, 1)
-os.makedirs(OUT, exist_ok=True)
-path = os.path.join(OUT, "w4.json")
-with open(path, "w") as f: json.dump(res, f, indent=1, default=str)
+WATCHDOG.cancel()
+path = write()
 
 print(f"{res['gpu']}  torch {res['torch']}  triton {res['triton']}  group {GROUP}  commit {res['git_commit'][:10]}")
 c = res["parts"].get("correctness", {})
