@@ -4,7 +4,7 @@ CUDA-graph replay with the weights rotated beyond L2, against the bf16 GEMM (cuB
 run, printing the best per shape and a `TUNED` table for `litellama.kernels.w4a16`, (3) batch-1 TPOT through the engine of a
 random Qwen3-8B in AWQ layout (the sweep's best configurations installed) against the same model in bf16.
 
-Run: PYTHONPATH=. python3 benchmarks_nb/gpu/w4.py $OUT            (GPU, under 150 s)
+Run: PYTHONPATH=. python3 benchmarks_nb/gpu/w4.py $OUT            (GPU, under 140 s)
      PYTHONPATH=. python3 benchmarks_nb/gpu/w4.py $OUT --dry-run  (CPU, Triton interpreter, tiny shapes)
 Writes $OUT/w4.json and prints a table. Every part is guarded: a failure is recorded and the next part runs."""
 import datetime, gc, json, os, subprocess, sys, time, traceback
@@ -19,15 +19,17 @@ from litellama.kernels import w4a16 as W
 OUT = next((a for a in sys.argv[1:] if not a.startswith("--")), ".")
 DEV = "cpu" if DRY or not torch.cuda.is_available() else "cuda"
 T0 = time.time()
-LIMIT_S = 1e9 if DRY else 140.0                     # no part starts past its own deadline; nothing starts past this
+LIMIT_S = 1e9 if DRY else 135.0                     # no part starts past its own deadline; nothing starts past this
 if DRY:
     SHAPES = {"qkv": (64, 96), "o": (64, 64), "gate_up": (64, 192), "down": (128, 64)}   # name: (K, N)
     GROUP, DTYPE, CHECK_DTYPES, L2_BYTES, MS = 32, torch.float16, (torch.float16,), 0, (1, 4, 16, 64)
     def gemv(bn, bk, nw=1, ns=1): return dict(PATH="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
     def dot(bm, bn, bk, nw=1, ns=1): return dict(PATH="dot", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
     def deq(bn, bw, nw=1): return dict(PATH="dequant", BLOCK_N=bn, BLOCK_W=bw, num_warps=nw)
-    SWEEP = {1: [gemv(16, 32), gemv(32, 64), dot(16, 16, 32)], 4: [dot(16, 16, 32), gemv(16, 64)], 16: [dot(16, 32, 32)],
-             64: [deq(16, 4), dot(32, 16, 32)]}
+    def pair(bm, bn, bk, nw=1, ns=1, asm=True): return dict(PATH="pair", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, ASM=asm)
+    SWEEP = {1: [gemv(16, 32), gemv(32, 64), dot(16, 16, 32), pair(16, 16, 32)], 4: [dot(16, 16, 32), gemv(16, 64), pair(16, 32, 32)],
+             16: [dot(16, 32, 32), pair(16, 16, 32)], 64: [deq(16, 4), dot(32, 16, 32), pair(32, 16, 32)]}
+    PAIR_CHECK = [pair(16, 16, 32), pair(16, 32, 16)]
     TPOT_LIKE, PROMPT, GEN = "tiny-qwen3", 8, 4
 else:
     SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)}
@@ -35,6 +37,10 @@ else:
     def gemv(bn, bk, nw=4, ns=4): return dict(PATH="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
     def dot(bm, bn, bk, nw=4, ns=4): return dict(PATH="dot", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
     def deq(bn, bw, nw=4): return dict(PATH="dequant", BLOCK_N=bn, BLOCK_W=bw, num_warps=nw)
+    def pair(bm, bn, bk, nw=4, ns=4, asm=True): return dict(PATH="pair", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, ASM=asm)
+    PAIRS = [pair(16, 32, 128), pair(16, 64, 128), pair(16, 64, 128, 4, 3), pair(16, 128, 128, 4, 3), pair(16, 128, 128, 8, 4),
+             pair(16, 256, 128, 8, 3), pair(16, 64, 64), pair(16, 64, 128, asm=False)]
+    PAIR_CHECK = [pair(16, 64, 128), pair(16, 64, 128, asm=False), pair(64, 128, 128, 8, 3)]
     SWEEP = {1: [gemv(16, 512), gemv(16, 1024, 4, 3), gemv(32, 256), gemv(32, 512), gemv(32, 512, 8, 3), gemv(32, 1024, 8, 3),
                  gemv(64, 256), gemv(64, 512, 8, 3), gemv(16, 2048, 8, 2), dot(16, 64, 128), dot(16, 128, 128, 4, 3)],
              4: [dot(16, 32, 128), dot(16, 64, 128), dot(16, 128, 128, 4, 3), dot(16, 64, 64), gemv(32, 512)],
@@ -42,6 +48,8 @@ else:
                   dot(16, 64, 128, 4, 2)],
              64: [deq(32, 32), deq(16, 64), dot(64, 64, 128, 4, 3), dot(64, 128, 128, 8, 3), dot(32, 128, 128, 4, 3)],
              4096: [deq(32, 32), deq(16, 64), dot(128, 128, 128, 8, 3), dot(64, 128, 128, 4, 3)]}
+    for _m in (1, 4, 16): SWEEP[_m] = PAIRS + SWEEP[_m]          # the two-codes-per-instruction kernel first, the phase-1 kernels after
+    SWEEP[64] = [pair(64, 128, 128, 8, 3), pair(32, 128, 128, 4, 3), pair(64, 64, 128, 4, 3), pair(16, 128, 128, 4, 3)] + SWEEP[64]
     TPOT_LIKE, PROMPT, GEN = "qwen3-8b", 16, 64
 QWEN3_8B = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                 num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
@@ -82,13 +90,13 @@ def write():
     return path
 
 def _time_out():
-    "The global time guard: past 148 s, write what there is and leave."
-    res["errors"]["watchdog"] = "stopped at 148 s; parts after this point are missing"
+    "The global time guard: past 140 s, write what there is and leave."
+    res["errors"]["watchdog"] = "stopped at 140 s; parts after this point are missing"
     try: print("time guard: wrote", write(), flush=True)
     finally: os._exit(3)
 
 import threading
-WATCHDOG = threading.Timer(1e9 if DRY else 148.0, _time_out); WATCHDOG.daemon = True; WATCHDOG.start()
+WATCHDOG = threading.Timer(1e9 if DRY else 140.0, _time_out); WATCHDOG.daemon = True; WATCHDOG.start()
 
 def late(limit=LIMIT_S): return not DRY and time.time() - T0 > limit
 
@@ -147,11 +155,13 @@ for name, (K, N) in SHAPES.items():
     except Exception as e: res["errors"][f"make {name}"] = f"{type(e).__name__}: {e}"
 res["setup_s"] = round(time.time() - T0, 2)
 
-@part("correctness", 30)
+@part("correctness", 35)
 def _():
     "Each path (rule, and one forced config per path) against the float32 reference, bf16 and fp16 activations."
     rows = []
-    forced = [None] + [c for M in SWEEP for c in SWEEP[M][:1]] + [SWEEP[max(SWEEP)][-1]]
+    forced = [None] + PAIR_CHECK + [c for M in SWEEP for c in SWEEP[M][:1]] + [SWEEP[max(SWEEP)][-1]] + \
+             [next(c for c in SWEEP[min(SWEEP)] if c["PATH"] == p) for p in ("gemv", "dot")]
+    forced = [c for i, c in enumerate(forced) if c not in forced[:i]]
     for name, (K, N) in SHAPES.items():
         if name not in LAYERS: continue
         qw, s, z, grp = LAYERS[name]["w4"][0]
@@ -160,7 +170,7 @@ def _():
                 x = torch.randn(M, K, device=DEV).to(dtype)
                 want = W.w4a16_linear_ref(x, qw, s, z, grp)
                 for cfg in forced:
-                    if cfg is not None and cfg["PATH"] == "dot" and cfg["BLOCK_M"] > 16 and M < 16: continue
+                    if cfg is not None and cfg["PATH"] in ("dot", "pair") and cfg["BLOCK_M"] > 16 and M < 16: continue
                     r = dict(shape=name, M=M, dtype=str(dtype).removeprefix("torch."), config=cfg or "rule")
                     try:
                         got = W.w4a16_linear(x, qw, s, z, grp, config=None if cfg is None else with_split(cfg, M, N, K))
@@ -168,7 +178,7 @@ def _():
                         r["ok"] = r["rel_err"] < (1e-2 if dtype == torch.bfloat16 else 2e-3)
                     except Exception as e: r.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
                     rows.append(r)
-                if late(30): return dict(rows=rows, truncated=True)
+                if late(35): return dict(rows=rows, truncated=True)
     return dict(rows=rows, passed=sum(r["ok"] for r in rows), total=len(rows))
 
 SWEEP_ROWS, BEST = [], {}
@@ -213,20 +223,24 @@ def summary():
     for (name, M), b in sorted(BEST.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         bf = [r["ms"] for r in SWEEP_ROWS if r["shape"] == name and r["M"] == M and r["variant"].startswith("bf16") and "ms" in r]
         rule = next((r["ms"] for r in SWEEP_ROWS if r["shape"] == name and r["M"] == M and r["variant"] == "rule" and "ms" in r), None)
+        by_path = {}
+        for r in SWEEP_ROWS:
+            if r["shape"] == name and r["M"] == M and "ms" in r and r["variant"] in ("gemv", "dot", "pair", "dequant") and r.get("rel_err", 1) < 1e-2:
+                by_path[r["variant"]] = min(by_path.get(r["variant"], 1e9), r["ms"])
         row = dict(shape=name, M=M, w4_ms=b["ms"], w4_gbps=b["gbps"], config=b["config"], rule_ms=rule,
-                   bf16_ms=min(bf) if bf else None, speedup=(min(bf) / b["ms"]) if bf else None)
+                   bf16_ms=min(bf) if bf else None, speedup=(min(bf) / b["ms"]) if bf else None, best_ms_by_path=by_path)
         out.append(row)
         tuned[(b["N"], b["K"], W._bucket(M))] = {k: v for k, v in b["config"].items()}
     return out, tuned
 
-@part("sweep_decode", 75)
-def _(): return dict(rows=sweep([m for m in MS if m <= 16], 75))
+@part("sweep_decode", 80)
+def _(): return dict(rows=sweep([m for m in MS if m <= 16], 82))
 
-@part("sweep_prefill", 85)
-def _(): return dict(rows=sweep([m for m in MS if m > 16], 88))
+@part("sweep_prefill", 95)
+def _(): return dict(rows=sweep([m for m in MS if m > 16], 98))
 
 TUNED_FOUND = {}
-@part("tuned", 140)
+@part("tuned", 130)
 def _():
     best, tuned = summary()
     TUNED_FOUND.update(tuned)
@@ -276,10 +290,10 @@ def tpot(quant):
     if DEV == "cuda": torch.cuda.empty_cache()
     return dict(tpot_ms=sorted(runs[1:])[len(runs[1:]) // 2], runs_ms=runs, build_s=build_s, engine_setup_s=setup_s, model_bytes=params_bytes)
 
-@part("tpot_bf16", 95)
+@part("tpot_bf16", 110)
 def _(): return tpot(None)
 
-@part("tpot_awq", 112)
+@part("tpot_awq", 125)
 def _():
     from litellama.awq_gptq import AWQConfig
     W.TUNED.update(TUNED_FOUND); W._PLANS.clear()                   # the sweep's best configs, as the kernel would read them
@@ -288,7 +302,7 @@ def _():
     if "tpot_bf16" in res["parts"]: r["ratio_vs_bf16"] = r["tpot_ms"] / res["parts"]["tpot_bf16"]["tpot_ms"]
     return r
 
-@part("tuned_all", 148)
+@part("tuned_all", 138)
 def _():
     best, tuned = summary()
     return dict(best=best, table={str(k): v for k, v in tuned.items()})
@@ -303,10 +317,10 @@ if c: print(f"correctness: {c.get('passed')}/{c.get('total')} ok; worst rel err 
 for r in (c.get("rows") or []):
     if not r["ok"]: print("  bad:", r["shape"], r["M"], r["dtype"], r["config"], r.get("error", r.get("rel_err")))
 best = res["parts"].get("tuned_all", res["parts"].get("tuned", {})).get("best", [])
-print(f"{'shape':<8} {'M':>5} {'w4 ms':>9} {'rule ms':>9} {'bf16 ms':>9} {'speedup':>8} {'w4 GB/s':>8}  best config")
+print(f"{'shape':<8} {'M':>5} {'w4 ms':>9} {'rule ms':>9} {'bf16 ms':>9} {'speedup':>8} {'w4 GB/s':>8}  best ms per path; best config")
 for b in best:
     f = lambda v, p=4: "-" if v is None else f"{v:.{p}f}"
-    print(f"{b['shape']:<8} {b['M']:>5} {f(b['w4_ms']):>9} {f(b['rule_ms']):>9} {f(b['bf16_ms']):>9} {f(b['speedup'], 2):>8} {b['w4_gbps']:>8.0f}  {b['config']}")
+    print(f"{b['shape']:<8} {b['M']:>5} {f(b['w4_ms']):>9} {f(b['rule_ms']):>9} {f(b['bf16_ms']):>9} {f(b['speedup'], 2):>8} {b['w4_gbps']:>8.0f}  {' '.join(f'{k}={v:.4f}' for k, v in sorted(b.get('best_ms_by_path', {}).items()))}; {b['config']}")
 for k in ("tpot_bf16", "tpot_awq"):
     if k in res["parts"]: print(f"{k}: {res['parts'][k]['tpot_ms']:.3f} ms/token" + (f"  ratio {res['parts'][k]['ratio_vs_bf16']:.3f}" if "ratio_vs_bf16" in res["parts"][k] else ""))
 for r in [r for r in SWEEP_ROWS if "error" in r][:8]: print("sweep error:", r["shape"], r["M"], r.get("config", r["variant"]), r["error"][:160])

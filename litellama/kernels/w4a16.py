@@ -217,13 +217,67 @@ def _w4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, K, G, group_size, BLOCK
     offs = rn.to(tl.int64)[:, None, None] * K + (kw * 8)[None, :, None] + j[None, None, :]
     tl.store(out_ptr + offs, w.to(out_ptr.dtype.element_ty), mask=mask[:, :, None])
 
+# %% ../../kernels_nb/13_w4a16.ipynb #w4pair01
+@triton.jit
+def _pair_halves(t, like, ASM: tl.constexpr):
+    "The two 16-bit floats (of `like`'s dtype) of each int32 in `t`: (low half, high half)."
+    dtype = like.dtype
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [t], dtype=(dtype, dtype), is_pure=True, pack=1)
+    else:                                                            # the interpreter: the same bits, cut out
+        lo = (t & 0xFFFF).to(tl.int16).to(dtype, bitcast=True)
+        hi = (t >> 16).to(tl.int16).to(dtype, bitcast=True)
+    return lo, hi
+
+@triton.jit(do_not_specialize=["M"])
+def _w4_pair_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G, s_xm, k_per_split, group_size,
+                    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, ASM: tl.constexpr, MAGIC2: tl.constexpr,
+                    MAGIC_VAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    "`out^T` tile `[BLOCK_N, BLOCK_M]` on tensor cores over one K slice, two codes turned into two 16-bit floats per 32-bit operation; every step inside one group."
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, BLOCK_K // 8)
+    rk = tl.arange(0, BLOCK_K)
+    m_mask, n_mask = rm < M, rn < N
+    KW = tl.multiple_of(K // 8, BLOCK_K // 8)                         # K is whole steps (the steps lie in groups): rows stay aligned
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    w_rows = qw_ptr + rn.to(tl.int64)[:, None] * KW
+    x_cols = x_ptr + rm.to(tl.int64)[None, :] * s_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kw = tl.multiple_of(k0 // 8, BLOCK_K // 8) + rw               # slices start at whole steps: 16-byte loads
+        words = tl.load(w_rows + kw[None, :], mask=n_mask[:, None] & (kw < KW)[None, :], other=0)
+        xk = k0 + rk
+        xt = tl.load(x_cols + xk[:, None], mask=(xk < k_hi)[:, None] & m_mask[None, :], other=0.)
+        g_off = rn.to(tl.int64) * G + k0 // group_size
+        s = tl.load(s_ptr + g_off, mask=n_mask, other=0.).to(tl.float32)
+        z = tl.load(z_ptr + g_off, mask=n_mask, other=0.).to(tl.float32)
+        l0, h0 = _pair_halves(((words >> 0) & 0x000F000F) | MAGIC2, xt, ASM)    # inputs 8w + 0 and 8w + 4
+        l1, h1 = _pair_halves(((words >> 4) & 0x000F000F) | MAGIC2, xt, ASM)
+        l2, h2 = _pair_halves(((words >> 8) & 0x000F000F) | MAGIC2, xt, ASM)
+        l3, h3 = _pair_halves(((words >> 12) & 0x000F000F) | MAGIC2, xt, ASM)
+        w = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
+        w = tl.reshape(w, [BLOCK_N, BLOCK_K])                        # dims [.., half, j bit 1, j bit 0]: column 4 half + j, input order
+        part = tl.dot(w, xt)
+        xs = tl.sum(xt.to(tl.float32), axis=0)
+        acc += s[:, None] * (part - (z + MAGIC_VAL)[:, None] * xs[None, :])
+    out_mask = n_mask[:, None] & m_mask[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[None, :] * N + rn[:, None], acc, mask=out_mask)
+    else:
+        if HAS_BIAS: acc += tl.load(b_ptr + rn, mask=n_mask, other=0.).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm.to(tl.int64)[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
 # %% ../../kernels_nb/13_w4a16.ipynb #126de6d4
 DEFAULTS = {
     "cuda":      dict(gemv_max_m=1, dot_max_m=16, dequant_min_m=17,   # from 17 rows, dequantize then cuBLAS
-                      gemv=dict(BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=4),
+                      gemv=dict(BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4),
                       dot=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
                       prefill=dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3),
-                      dequant=dict(BLOCK_N=32, BLOCK_W=32, num_warps=4),
+                      dequant=dict(BLOCK_N=16, BLOCK_W=64, num_warps=4),
                       programs_per_sm=4, min_split=256, max_split=16),
     "interpret": dict(gemv_max_m=1, dot_max_m=16, dequant_min_m=32,
                       gemv=dict(BLOCK_N=16, BLOCK_K=64, num_warps=1, num_stages=1),
@@ -232,7 +286,24 @@ DEFAULTS = {
                       dequant=dict(BLOCK_N=16, BLOCK_W=4, num_warps=1),
                       programs_per_sm=2, min_split=32, max_split=4),
 }
-TUNED: dict = {}   # (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay (benchmarks_nb/gpu/w4.py prints them)
+TUNED: dict = {   # (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200 (benchmarks_nb/gpu/w4.py prints them); Qwen3-8B, group 128
+    (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=9),
+    (24576, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=4),
+    (4096, 4096, 1): dict(PATH="gemv", BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=4, SPLIT_K=5),
+    (6144, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=12),
+    (4096, 12288, 4): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=18),
+    (24576, 4096, 4): dict(PATH="dot", BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3, SPLIT_K=6),
+    (4096, 4096, 4): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=9),
+    (6144, 4096, 4): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=6),
+    (4096, 12288, 16): dict(PATH="dot", BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3, SPLIT_K=16),
+    (24576, 4096, 16): dict(PATH="dot", BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3, SPLIT_K=6),
+    (4096, 4096, 16): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=2, SPLIT_K=9),
+    (6144, 4096, 16): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=6),
+    (4096, 12288, 64): dict(PATH="dot", BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3, SPLIT_K=16),
+    (24576, 4096, 64): dict(PATH="dot", BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3, SPLIT_K=2),
+    (4096, 4096, 64): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
+    (6144, 4096, 64): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
+}
 
 def _split(tiles: int, K: int, d: dict, num_sms: int) -> int:
     "Slices of K: enough programs for `programs_per_sm` per SM, none shorter than `min_split` features."
@@ -253,9 +324,10 @@ def _rule(M: int, N: int, K: int, group_size: int, device_type: str = "cuda", nu
 
 def _bucket(M: int) -> int: return 1 if M <= 1 else 1 << (M - 1).bit_length()
 
-def _config(M: int, N: int, K: int, group_size: int, device_type: str, num_sms: int) -> dict:
-    "The tuned entry for this shape and M bucket where there is one, else the rule."
+def _config(M: int, N: int, K: int, group_size: int, device_type: str, num_sms: int, dtype=torch.bfloat16) -> dict:
+    "The tuned entry for this shape and M bucket where there is one and it applies (the pair path: 16-bit `x`, steps inside a group), else the rule."
     tuned = TUNED.get((N, K, _bucket(M))) if device_type == "cuda" else None
+    if tuned and tuned.get("PATH") == "pair" and (dtype == torch.float32 or group_size % tuned["BLOCK_K"]): tuned = None
     return dict(tuned) if tuned else _rule(M, N, K, group_size, device_type, num_sms)
 
 # %% ../../kernels_nb/13_w4a16.ipynb #181638e8
@@ -284,7 +356,7 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
     if path == "dequant":
         return ("dequant", (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(K // 8, cfg["BLOCK_W"])), 0, 1,
                 dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"]), dict(num_warps=cfg.get("num_warps", 4)))
-    if path not in ("gemv", "dot"): raise ValueError(f"W4A16 path '{path}': expected gemv, dot or dequant")
+    if path not in ("gemv", "dot", "pair"): raise ValueError(f"W4A16 path '{path}': expected gemv, dot, pair or dequant")
     bk, bn = cfg["BLOCK_K"], cfg["BLOCK_N"]
     if bk < 16 or bk & (bk - 1): raise ValueError(f"BLOCK_K {bk} must be a power of two, at least 16")
     kps = triton.cdiv(triton.cdiv(K, cfg.get("SPLIT_K", 1)), bk) * bk    # whole steps per slice
@@ -298,6 +370,12 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
     if bm < 16 or bm & (bm - 1): raise ValueError(f"BLOCK_M {bm}: tensor-core tiles take a power of two, at least 16")
     if bk < 64 and device.type == "cuda": raise ValueError(f"BLOCK_K {bk}: tensor-core tiles need BLOCK_K >= 64")
     magic, magic_val = _MAGIC[dtype]
+    if path == "pair":
+        if dtype not in (torch.float16, torch.bfloat16): raise ValueError(f"the pair path takes fp16 or bf16 activations, got {dtype}")
+        if group_size % bk: raise ValueError(f"BLOCK_K {bk}: the pair path needs whole steps inside one group of {group_size}")
+        consts = dict(ASM=bool(cfg.get("ASM", True)) and device.type == "cuda", MAGIC2=magic * 0x10001, MAGIC_VAL=magic_val,
+                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        return "pair", (triton.cdiv(M, bm), triton.cdiv(N, bn), splits), kps, splits, consts, opts
     consts = dict(FACTORED=group_size % bk == 0, IEEE=dtype == torch.float32, MAGIC=magic, MAGIC_VAL=magic_val,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
     return "dot", (triton.cdiv(M, bm), triton.cdiv(N, bn), splits), kps, splits, consts, opts
@@ -313,7 +391,7 @@ def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=Non
     plan = _PLANS.get(key) if config is None else None
     if plan is None:
         _check(x, qweight, scales, zeros, group_size, bias)
-        cfg = {**_config(M, N, K, group_size, x.device.type, _num_sms(x.device)), **(config or {})}
+        cfg = {**_config(M, N, K, group_size, x.device.type, _num_sms(x.device), x.dtype), **(config or {})}
         plan = _plan(M, N, K, group_size, x.dtype, x.device, cfg)
         if config is None:
             if len(_PLANS) > 4096: _PLANS.clear()
@@ -330,7 +408,8 @@ def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=Non
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     part = out if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
     b = bias if bias is not None else out
-    kernel, qw = (_w4_gemv_kernel, qweight) if path == "gemv" else (_w4_dot_kernel, qweight.view(torch.int16))
+    kernel, qw = {"gemv": (_w4_gemv_kernel, qweight), "pair": (_w4_pair_kernel, qweight),
+                  "dot": (_w4_dot_kernel, qweight.view(torch.int16))}[path]
     kernel[grid](x2, qw, scales, zeros, b, part, M, N, K, G, x2.stride(0), kps, group_size,
                  HAS_BIAS=bias is not None, PARTIAL=splits > 1, **consts, **opts)
     if splits > 1:                                                   # the slices' float32 sums, added in order, in one launch
