@@ -1,5 +1,6 @@
 """W4A16 on the H200, one run: (1) every kernel path against its float32 reference on the GPU (bf16 and fp16), (2) a sweep of
-paths and launch configurations for M = 1, 4, 16, 64, 4096 on Qwen3-8B's projection shapes (AWQ layout, group 128) under
+paths and launch configurations (the two-codes-per-instruction `pair` tensor-core kernel, with its PTX `mov` and with its integer
+fallback, against the phase-1 `gemv`/`dot`/`dequant` kernels) for M = 1, 4, 16, 64, 4096 on Qwen3-8B's projection shapes (AWQ layout, group 128) under
 CUDA-graph replay with the weights rotated beyond L2, against the bf16 GEMM (cuBLAS and litellama's skinny kernel) in the same
 run, printing the best per shape and a `TUNED` table for `litellama.kernels.w4a16`, (3) batch-1 TPOT through the engine of a
 random Qwen3-8B in AWQ layout (the sweep's best configurations installed) against the same model in bf16.
