@@ -10,6 +10,7 @@ __all__ = ['AWQ_ORDER', 'DEFAULTS', 'TUNED', 'pack_int4', 'unpack_int4', 'awq_pa
 
 # %% ../../kernels_nb/13_w4a16.ipynb #e7b059e1
 import torch
+import torch.nn.functional as F
 import functools
 import triton
 import triton.language as tl
@@ -69,7 +70,7 @@ def dequantize(codes, zeros, scales, g_idx) -> torch.Tensor:
 
 # %% ../../kernels_nb/13_w4a16.ipynb #6dbc5603
 def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
-    "`(qweight [in/8, out], scales [G, out], zeros [G, out], group_size, perm or None)`: rows sorted by group, `perm` to gather `x` by; scales and zeros in `dtype` (default: the scales')."
+    "`(qweight [out, in/8], scales [out, G], zeros [out, G], group_size, perm or None)`: rows sorted by group, `perm` to gather `x` by; scales and zeros in `dtype` (default: the scales')."
     dtype = dtype or scales.dtype
     K, G = codes.shape[0], scales.shape[0]
     g_idx = g_idx.long().to(codes.device)
@@ -83,148 +84,263 @@ def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
         if not torch.equal(g_idx[perm], torch.arange(K, device=g_idx.device) // group):
             raise ValueError(f"g_idx does not put {group} input rows in each of the {G} groups")
         codes = codes[perm]
-    return (pack_int4(codes, 0), scales.to(dtype).contiguous(), zeros.to(dtype).contiguous(), group,
+    return (pack_int4(codes.t(), 1), scales.t().to(dtype).contiguous(), zeros.t().to(dtype).contiguous(), group,
             None if perm is None else perm.to(torch.int32))
 
 # %% ../../kernels_nb/13_w4a16.ipynb #d013681e
 def w4a16_linear_ref(x, qweight, scales, zeros, group_size: int, perm=None, bias=None):
-    "`x @ W (+ bias)` with `W [K, N] = (q - z) · s` from the kernel layout, in float32; `perm` gathers `x`'s columns first."
-    K = qweight.shape[0] * 8
+    "`x @ W.T (+ bias)` with `W [N, K] = (q - z) · s` from the kernel layout, in float32; `perm` gathers `x`'s columns first."
+    K = qweight.shape[1] * 8
     if x.shape[-1] != K: raise ValueError(f"x has {x.shape[-1]} features, the 4-bit weight takes {K}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     if perm is not None: x2 = x2.index_select(1, perm.long())
     g = torch.arange(K, device=x.device) // group_size
-    w = (unpack_int4(qweight, 0).float() - zeros.float()[g]) * scales.float()[g]
-    y = x2.float() @ w
+    w = (unpack_int4(qweight, 1).float() - zeros.float()[:, g]) * scales.float()[:, g]
+    y = x2.float() @ w.t()
     if bias is not None: y = y + bias.float()
     return y.to(x.dtype).reshape(*lead, -1)
 
 # %% ../../kernels_nb/13_w4a16.ipynb #df8d5dc6
 @triton.jit(do_not_specialize=["M"])
-def _w4a16_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, s_xm, k_per_split, group_size,
-                  HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
-                  ONE_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    "`out[m, n] = sum_k x[m, k] (q[k, n] - z[k // g, n]) s[k // g, n]` over one K slice; with `PARTIAL`, float32 to `out[slice]`."
+def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G, s_xm, k_per_split, group_size,
+                    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, SUBS: tl.constexpr,
+                    SUB_W: tl.constexpr):
+    "One row of `x` times `BLOCK_N` rows of the 4-bit weight over one K slice, by multiply-and-add: `SUBS` runs of `SUB_W` words per step, each inside one group."
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rt = tl.arange(0, SUBS)
+    rw = tl.arange(0, SUB_W)
+    n_mask = rn < N
+    KW = K // 8
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    x_row = x_ptr + pid_m.to(tl.int64) * s_xm
+    w_rows = qw_ptr + rn.to(tl.int64)[:, None, None] * KW
+    acc = tl.zeros([BLOCK_N, SUBS], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, SUBS * SUB_W * 8):
+        kw = (k0 // 8 + rt[:, None] * SUB_W + rw[None, :])[None, :, :]   # [1, SUBS, SUB_W] word columns
+        kw_mask = kw < KW
+        words = tl.load(w_rows + kw, mask=n_mask[:, None, None] & kw_mask, other=0)
+        high = words >> 16                                            # nibbles 4..7 moved down to bits 0..15
+        dot = tl.zeros([BLOCK_N, SUBS, SUB_W], dtype=tl.float32)
+        xs = tl.zeros([1, SUBS, SUB_W], dtype=tl.float32)
+        for j in tl.static_range(8):
+            half = words if j < 4 else high
+            # nibble at bits p..p+3 under the exponent of 2^23: the float 2^23 + q 2^p, exact
+            bits = (half & (0xF << (4 * (j % 4)))) | 0x4B000000
+            qp = bits.to(tl.float32, bitcast=True) - 8388608.0
+            xj = tl.load(x_row + kw * 8 + j, mask=kw_mask, other=0.).to(tl.float32)
+            xs += xj
+            dot += qp * (xj * (1.0 / (1 << (4 * (j % 4)))))           # x loaded as [1, SUBS, SUB_W]: broadcast over rows
+        g = (k0 + rt * (SUB_W * 8)) // group_size                     # each run's group
+        g_mask = n_mask[:, None] & (k0 + rt * (SUB_W * 8) < k_hi)[None, :]
+        g_off = rn.to(tl.int64)[:, None] * G + g[None, :]
+        s = tl.load(s_ptr + g_off, mask=g_mask, other=0.).to(tl.float32)
+        z = tl.load(z_ptr + g_off, mask=g_mask, other=0.).to(tl.float32)
+        acc += s * (tl.sum(dot, axis=2) - z * tl.sum(xs, axis=2))   # sum x (q - z) s = s (sum x q - z sum x)
+    res = tl.sum(acc, axis=1)
+    if PARTIAL:
+        tl.store(out_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, res, mask=n_mask)
+    else:
+        if HAS_BIAS: res += tl.load(b_ptr + rn, mask=n_mask, other=0.).to(tl.float32)
+        tl.store(out_ptr + pid_m.to(tl.int64) * N + rn, res.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+@triton.jit(do_not_specialize=["M"])
+def _w4_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G, s_xm, k_per_split, group_size,
+                   HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FACTORED: tl.constexpr, IEEE: tl.constexpr,
+                   MAGIC: tl.constexpr, MAGIC_VAL: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    "`out[m, n]` tile computed transposed, `W_tile [BLOCK_N, BLOCK_K] @ x_tile^T`, on tensor cores, over one K slice; the weight read as int16, four codes each."
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rw = tl.arange(0, BLOCK_K // 8)                                  # word rows of a tile
+    rc = tl.arange(0, BLOCK_K // 4)                                  # int16 columns of a step
     m_mask, n_mask = rm < M, rn < N
+    K4 = K // 4
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    x_rows = x_ptr + rm.to(tl.int64)[:, None] * s_xm
-    if USE_DOT:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
+    w_rows = qw_ptr + rn.to(tl.int64)[:, None] * K4
+    x_cols = x_ptr + rm.to(tl.int64)[None, :] * s_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        kw = k0 // 8 + rw                                            # word rows of this tile
-        kw_mask = kw < K // 8
-        wmask = kw_mask[:, None] & n_mask[None, :]
-        words = tl.load(qw_ptr + kw.to(tl.int64)[:, None] * N + rn[None, :], mask=wmask, other=0)
-        if ONE_GROUP:                                                # the tile lies in one group: one row of scales
-            grp = (k0 // group_size) * N
-            s = tl.load(s_ptr + grp + rn, mask=n_mask, other=0.).to(tl.float32)[None, :]
-            z = tl.load(z_ptr + grp + rn, mask=n_mask, other=0.).to(tl.float32)[None, :]
-        else:                                                        # a scale row per word row
-            g_off = ((kw * 8) // group_size).to(tl.int64)[:, None] * N + rn[None, :]
-            s = tl.load(s_ptr + g_off, mask=wmask, other=0.).to(tl.float32)
-            z = tl.load(z_ptr + g_off, mask=wmask, other=0.).to(tl.float32)
-        for j in tl.static_range(8):                                 # nibble j: input features 8 kw + j
-            bits = ((words >> (4 * j)) & 0xF) | 0x4B000000          # 2^23 + q as a float32 bit pattern
-            w = ((bits.to(tl.float32, bitcast=True) - 8388608.0) - z) * s
-            kx = kw * 8 + j
-            if USE_DOT:
-                x = tl.load(x_rows + kx[None, :], mask=m_mask[:, None] & kw_mask[None, :], other=0.)
-                if IEEE:
-                    acc = tl.dot(x, w.to(x.dtype), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(x, w.to(x.dtype), acc)
+        kc = k0 // 4 + rc
+        c_mask = kc < K4
+        h = tl.load(w_rows + kc[None, :], mask=n_mask[:, None] & c_mask[None, :], other=0)
+        if FACTORED:                                                 # the step lies in one group: scale after the dot
+            g_off = rn.to(tl.int64) * G + k0 // group_size
+            s = tl.load(s_ptr + g_off, mask=n_mask, other=0.).to(tl.float32)
+            z = tl.load(z_ptr + g_off, mask=n_mask, other=0.).to(tl.float32)
+        else:                                                        # a group per column
+            g_off = rn.to(tl.int64)[:, None] * G + ((kc * 4) // group_size)[None, :]
+            s = tl.load(s_ptr + g_off, mask=n_mask[:, None] & c_mask[None, :], other=0.).to(tl.float32)
+            z = tl.load(z_ptr + g_off, mask=n_mask[:, None] & c_mask[None, :], other=0.).to(tl.float32)
+        part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        xs = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for j in tl.static_range(4):
+            xj = tl.load(x_cols + (kc * 4 + j)[:, None], mask=c_mask[:, None] & m_mask[None, :], other=0.)
+            if FACTORED and MAGIC_VAL != 0:                          # 16-bit float MAGIC_VAL + q straight from the bits
+                w = (((h >> (4 * j)) & 0xF) | MAGIC).to(tl.int16).to(xj.dtype, bitcast=True)
             else:
-                x = tl.load(x_ptr + pid_m.to(tl.int64) * s_xm + kx, mask=kw_mask, other=0.).to(tl.float32)
-                acc += x[:, None] * w
-    if USE_DOT:
-        res = acc
-    else:
-        res = tl.sum(acc, axis=0)[None, :]
-    out_mask = m_mask[:, None] & n_mask[None, :]
+                w = ((h >> (4 * j)) & 0xF).to(tl.float32)
+                if not FACTORED: w = (w - z) * s
+                w = w.to(xj.dtype)
+            if IEEE:
+                part = tl.dot(w, xj, part, input_precision="ieee")
+            else:
+                part = tl.dot(w, xj, part)
+            if FACTORED: xs += tl.sum(xj.to(tl.float32), axis=0)
+        if FACTORED:
+            acc += s[:, None] * (part - (z + MAGIC_VAL)[:, None] * xs[None, :])
+        else:
+            acc += part
+    out_mask = n_mask[:, None] & m_mask[None, :]
     if PARTIAL:
-        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[:, None] * N + rn[None, :], res, mask=out_mask)
+        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[None, :] * N + rn[:, None], acc, mask=out_mask)
     else:
-        if HAS_BIAS: res += tl.load(b_ptr + rn, mask=n_mask, other=0.).to(tl.float32)[None, :]
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], res.to(out_ptr.dtype.element_ty), mask=out_mask)
+        if HAS_BIAS: acc += tl.load(b_ptr + rn, mask=n_mask, other=0.).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm.to(tl.int64)[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 @triton.jit
-def _w4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, K, group_size, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
-    "`out [K, N] = (q - z) · s` in `out`'s dtype, for a 16-bit matrix multiply of many rows."
-    kw = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (kw < K // 8)[:, None] & (rn < N)[None, :]
-    words = tl.load(qw_ptr + kw.to(tl.int64)[:, None] * N + rn[None, :], mask=mask, other=0)
-    g_off = ((kw * 8) // group_size).to(tl.int64)[:, None] * N + rn[None, :]
+def _w4_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, K, G, group_size, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    "`out [N, K] = (q - z) · s` in `out`'s dtype, for a 16-bit matrix multiply of many rows."
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kw = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    j = tl.arange(0, 8)
+    mask = (rn < N)[:, None] & (kw < K // 8)[None, :]
+    words = tl.load(qw_ptr + rn.to(tl.int64)[:, None] * (K // 8) + kw[None, :], mask=mask, other=0)
+    g_off = rn.to(tl.int64)[:, None] * G + ((kw * 8) // group_size)[None, :]
     s = tl.load(s_ptr + g_off, mask=mask, other=0.).to(tl.float32)
     z = tl.load(z_ptr + g_off, mask=mask, other=0.).to(tl.float32)
-    for j in tl.static_range(8):
-        bits = ((words >> (4 * j)) & 0xF) | 0x4B000000
-        w = ((bits.to(tl.float32, bitcast=True) - 8388608.0) - z) * s
-        tl.store(out_ptr + (kw * 8 + j).to(tl.int64)[:, None] * N + rn[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
+    q = ((words[:, :, None] >> (4 * j)[None, None, :]) & 0xF).to(tl.float32)
+    w = (q - z[:, :, None]) * s[:, :, None]
+    offs = rn.to(tl.int64)[:, None, None] * K + (kw * 8)[None, :, None] + j[None, None, :]
+    tl.store(out_ptr + offs, w.to(out_ptr.dtype.element_ty), mask=mask[:, :, None])
+
+# %% ../../kernels_nb/13_w4a16.ipynb #w4pair01
+@triton.jit
+def _pair_halves(t, like, ASM: tl.constexpr):
+    "The two 16-bit floats (of `like`'s dtype) of each int32 in `t`: (low half, high half)."
+    dtype = like.dtype
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [t], dtype=(dtype, dtype), is_pure=True, pack=1)
+    else:                                                            # the interpreter: the same bits, cut out
+        lo = (t & 0xFFFF).to(tl.int16).to(dtype, bitcast=True)
+        hi = (t >> 16).to(tl.int16).to(dtype, bitcast=True)
+    return lo, hi
+
+@triton.jit(do_not_specialize=["M"])
+def _w4_pair_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G, s_xm, k_per_split, group_size,
+                    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, ASM: tl.constexpr, MAGIC2: tl.constexpr,
+                    MAGIC_VAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    "`out^T` tile `[BLOCK_N, BLOCK_M]` on tensor cores over one K slice, two codes turned into two 16-bit floats per 32-bit operation; every step inside one group."
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, BLOCK_K // 8)
+    rk = tl.arange(0, BLOCK_K)
+    m_mask, n_mask = rm < M, rn < N
+    KW = tl.multiple_of(K // 8, BLOCK_K // 8)                         # K is whole steps (the steps lie in groups): rows stay aligned
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    w_rows = qw_ptr + rn.to(tl.int64)[:, None] * KW
+    x_cols = x_ptr + rm.to(tl.int64)[None, :] * s_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kw = tl.multiple_of(k0 // 8, BLOCK_K // 8) + rw               # slices start at whole steps: 16-byte loads
+        words = tl.load(w_rows + kw[None, :], mask=n_mask[:, None] & (kw < KW)[None, :], other=0)
+        xk = k0 + rk
+        xt = tl.load(x_cols + xk[:, None], mask=(xk < k_hi)[:, None] & m_mask[None, :], other=0.)
+        g_off = rn.to(tl.int64) * G + k0 // group_size
+        s = tl.load(s_ptr + g_off, mask=n_mask, other=0.).to(tl.float32)
+        z = tl.load(z_ptr + g_off, mask=n_mask, other=0.).to(tl.float32)
+        l0, h0 = _pair_halves(((words >> 0) & 0x000F000F) | MAGIC2, xt, ASM)    # inputs 8w + 0 and 8w + 4
+        l1, h1 = _pair_halves(((words >> 4) & 0x000F000F) | MAGIC2, xt, ASM)
+        l2, h2 = _pair_halves(((words >> 8) & 0x000F000F) | MAGIC2, xt, ASM)
+        l3, h3 = _pair_halves(((words >> 12) & 0x000F000F) | MAGIC2, xt, ASM)
+        w = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
+        w = tl.reshape(w, [BLOCK_N, BLOCK_K])                        # dims [.., half, j bit 1, j bit 0]: column 4 half + j, input order
+        part = tl.dot(w, xt)
+        xs = tl.sum(xt.to(tl.float32), axis=0)
+        acc += s[:, None] * (part - (z + MAGIC_VAL)[:, None] * xs[None, :])
+    out_mask = n_mask[:, None] & m_mask[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[None, :] * N + rn[:, None], acc, mask=out_mask)
+    else:
+        if HAS_BIAS: acc += tl.load(b_ptr + rn, mask=n_mask, other=0.).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm.to(tl.int64)[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
 
 # %% ../../kernels_nb/13_w4a16.ipynb #126de6d4
 DEFAULTS = {
-    "cuda":      dict(skinny_max_m=16, dequant_min_m=17,   # from 17 rows, dequantize then cuBLAS (w4a16_sweep.json)
-                      one=dict(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3),
-                      skinny=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
-                      prefill=dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3),
-                      dequant=dict(BLOCK_W=16, BLOCK_N=128, num_warps=4),
+    "cuda":      dict(gemv_max_m=1, dot_max_m=16, dequant_min_m=17,   # from 17 rows, dequantize then cuBLAS
+                      gemv=dict(BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4),
+                      dot=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+                      prefill=dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3),
+                      dequant=dict(BLOCK_N=16, BLOCK_W=64, num_warps=4),
                       programs_per_sm=4, min_split=256, max_split=16),
-    "interpret": dict(skinny_max_m=16, dequant_min_m=32,
-                      one=dict(BLOCK_M=1, BLOCK_N=16, BLOCK_K=32, num_warps=1, num_stages=1),
-                      skinny=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=1, num_stages=1),
+    "interpret": dict(gemv_max_m=1, dot_max_m=16, dequant_min_m=32,
+                      gemv=dict(BLOCK_N=16, BLOCK_K=64, num_warps=1, num_stages=1),
+                      dot=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, num_warps=1, num_stages=1),
                       prefill=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, num_warps=1, num_stages=1),
-                      dequant=dict(BLOCK_W=4, BLOCK_N=16, num_warps=1),
+                      dequant=dict(BLOCK_N=16, BLOCK_W=4, num_warps=1),
                       programs_per_sm=2, min_split=32, max_split=4),
 }
-TUNED: dict = {   # (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200 (w4a16_sweep.json)
-    (6144, 4096, 1): {'PATH': 'tile', 'BLOCK_M': 1, 'BLOCK_N': 64, 'BLOCK_K': 512, 'SPLIT_K': 6, 'num_warps': 8, 'num_stages': 3},
-    (4096, 4096, 1): {'PATH': 'tile', 'BLOCK_M': 1, 'BLOCK_N': 32, 'BLOCK_K': 512, 'SPLIT_K': 5, 'num_warps': 4, 'num_stages': 3},
-    (24576, 4096, 1): {'PATH': 'tile', 'BLOCK_M': 1, 'BLOCK_N': 64, 'BLOCK_K': 512, 'SPLIT_K': 2, 'num_warps': 8, 'num_stages': 3},
-    (4096, 12288, 1): {'PATH': 'tile', 'BLOCK_M': 1, 'BLOCK_N': 32, 'BLOCK_K': 512, 'SPLIT_K': 5, 'num_warps': 4, 'num_stages': 3},
-    (6144, 4096, 16): {'PATH': 'tile', 'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SPLIT_K': 11, 'num_warps': 4, 'num_stages': 3},
-    (4096, 4096, 16): {'PATH': 'tile', 'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SPLIT_K': 16, 'num_warps': 4, 'num_stages': 3},
-    (24576, 4096, 16): {'PATH': 'tile', 'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SPLIT_K': 3, 'num_warps': 4, 'num_stages': 3},
-    (4096, 12288, 16): {'PATH': 'tile', 'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SPLIT_K': 16, 'num_warps': 4, 'num_stages': 3},
+TUNED: dict = {   # (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200 (benchmarks_nb/gpu/w4.py prints them); Qwen3-8B, group 128
+    (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=9),
+    (24576, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=4),
+    (4096, 4096, 1): dict(PATH="gemv", BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=4, SPLIT_K=5),
+    (6144, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=12),
+    (4096, 12288, 4): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=18),
+    (24576, 4096, 4): dict(PATH="dot", BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3, SPLIT_K=6),
+    (4096, 4096, 4): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=9),
+    (6144, 4096, 4): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=6),
+    (4096, 12288, 16): dict(PATH="dot", BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3, SPLIT_K=16),
+    (24576, 4096, 16): dict(PATH="dot", BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3, SPLIT_K=6),
+    (4096, 4096, 16): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=2, SPLIT_K=9),
+    (6144, 4096, 16): dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=6),
+    (4096, 12288, 64): dict(PATH="dot", BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3, SPLIT_K=16),
+    (24576, 4096, 64): dict(PATH="dot", BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3, SPLIT_K=2),
+    (4096, 4096, 64): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
+    (6144, 4096, 64): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
 }
+
+def _split(tiles: int, K: int, d: dict, num_sms: int) -> int:
+    "Slices of K: enough programs for `programs_per_sm` per SM, none shorter than `min_split` features."
+    want, tiles = d["programs_per_sm"] * num_sms, max(1, tiles)
+    return 1 if tiles >= want else max(1, min(triton.cdiv(want, tiles), K // d["min_split"], d["max_split"]))
 
 def _rule(M: int, N: int, K: int, group_size: int, device_type: str = "cuda", num_sms: int = 132) -> dict:
     "The built-in launch parameters for `x [M, K]` times a 4-bit `[K, N]` weight with groups of `group_size`."
     d = DEFAULTS["cuda" if device_type == "cuda" else "interpret"]
     if M >= d["dequant_min_m"]: return dict(PATH="dequant", **d["dequant"])
-    p = d["one"] if M == 1 else d["skinny"] if M <= d["skinny_max_m"] else d["prefill"]
-    cfg = dict(PATH="tile", **p)
-    want = d["programs_per_sm"] * num_sms if M <= d["skinny_max_m"] else num_sms
-    tiles = max(1, triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]))
-    split = 1 if tiles >= want else max(1, min(triton.cdiv(want, tiles), K // d["min_split"], d["max_split"]))
-    return {**cfg, "SPLIT_K": split}
+    if M <= d["gemv_max_m"]:
+        cfg = dict(PATH="gemv", **d["gemv"])
+        tiles = M * triton.cdiv(N, cfg["BLOCK_N"])
+    else:
+        cfg = dict(PATH="dot", **(d["dot"] if M <= d["dot_max_m"] else d["prefill"]))
+        tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+    return {**cfg, "SPLIT_K": _split(tiles, K, d, num_sms)}
 
-def _config(M: int, N: int, K: int, group_size: int, device_type: str, num_sms: int) -> dict:
-    "The rule, or the tuned entry for this shape and M bucket."
-    rule = _rule(M, N, K, group_size, device_type, num_sms)
-    if device_type != "cuda" or not TUNED: return rule
-    tuned = TUNED.get((N, K, 1 if M <= 1 else 1 << (M - 1).bit_length()))
-    return {**tuned} if tuned else rule
+def _bucket(M: int) -> int: return 1 if M <= 1 else 1 << (M - 1).bit_length()
+
+def _config(M: int, N: int, K: int, group_size: int, device_type: str, num_sms: int, dtype=torch.bfloat16) -> dict:
+    "The tuned entry for this shape and M bucket where there is one and it applies (the pair path: 16-bit `x`, steps inside a group), else the rule."
+    tuned = TUNED.get((N, K, _bucket(M))) if device_type == "cuda" else None
+    if tuned and tuned.get("PATH") == "pair" and (dtype == torch.float32 or group_size % tuned["BLOCK_K"]): tuned = None
+    return dict(tuned) if tuned else _rule(M, N, K, group_size, device_type, num_sms)
 
 # %% ../../kernels_nb/13_w4a16.ipynb #181638e8
 def _check(x, qweight, scales, zeros, group_size, bias):
-    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    N, K = qweight.shape[0], qweight.shape[1] * 8
     if x.shape[-1] != K: raise ValueError(f"x has {x.shape[-1]} features, the 4-bit weight takes {K}")
-    if qweight.dtype != torch.int32: raise ValueError(f"qweight must be int32, got {qweight.dtype}")
+    if qweight.dtype != torch.int32 or not qweight.is_contiguous(): raise ValueError(f"qweight must be contiguous int32, got {qweight.dtype}")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32): raise ValueError(f"unsupported activation dtype {x.dtype}")
     if group_size % 16 or K % group_size: raise ValueError(f"group size {group_size}: the W4A16 kernel takes multiples of 16 that divide K = {K}")
     G = K // group_size
     for name, t in (("scales", scales), ("zeros", zeros)):
-        if t.shape != (G, N) or not t.dtype.is_floating_point:
-            raise ValueError(f"{name} must be [{G}, {N}] floating point, got {tuple(t.shape)} {t.dtype}")
+        if t.shape != (N, G) or not t.dtype.is_floating_point or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [{N}, {G}] floating point, got {tuple(t.shape)} {t.dtype}")
     if bias is not None and (bias.shape != (N,) or bias.dtype != x.dtype): raise ValueError(f"bias must be [{N}] {x.dtype}")
     return K, N
 
@@ -232,34 +348,51 @@ def _check(x, qweight, scales, zeros, group_size, bias):
 def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
-def _plan(M, N, K, group_size, device, cfg):
+_MAGIC = {torch.float16: (0x6400, 1024.0), torch.bfloat16: (0x4300, 128.0), torch.float32: (0, 0.0)}   # bits of 2^10, 2^7
+
+def _plan(M, N, K, group_size, dtype, device, cfg):
     "What one launch needs, worked out once per shape: `(path, grid, k per slice, slices, kernel constants, options)`."
-    if cfg.get("PATH", "tile") == "dequant":
-        return ("dequant", (triton.cdiv(K // 8, cfg["BLOCK_W"]), triton.cdiv(N, cfg["BLOCK_N"])), 0, 1,
-                dict(BLOCK_W=cfg["BLOCK_W"], BLOCK_N=cfg["BLOCK_N"]), dict(num_warps=cfg.get("num_warps", 4)))
-    bm, bk = cfg["BLOCK_M"], cfg["BLOCK_K"]
-    if bk % 8 or bk & (bk - 1): raise ValueError(f"BLOCK_K {bk} must be a power of two, at least 8")
-    if bm > 1 and bm < 16: raise ValueError("BLOCK_M is 1 or at least 16")
-    if bm > 1 and device.type == "cuda" and bk < 128: raise ValueError(f"BLOCK_K {bk}: tensor-core tiles need BLOCK_K >= 128")
-    kps = triton.cdiv(triton.cdiv(K, cfg["SPLIT_K"]), bk) * bk       # whole tiles per slice
+    path = cfg.get("PATH", "gemv")
+    if path == "dequant":
+        return ("dequant", (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(K // 8, cfg["BLOCK_W"])), 0, 1,
+                dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"]), dict(num_warps=cfg.get("num_warps", 4)))
+    if path not in ("gemv", "dot", "pair"): raise ValueError(f"W4A16 path '{path}': expected gemv, dot, pair or dequant")
+    bk, bn = cfg["BLOCK_K"], cfg["BLOCK_N"]
+    if bk < 16 or bk & (bk - 1): raise ValueError(f"BLOCK_K {bk} must be a power of two, at least 16")
+    kps = triton.cdiv(triton.cdiv(K, cfg.get("SPLIT_K", 1)), bk) * bk    # whole steps per slice
     splits = triton.cdiv(K, kps)
-    grid = (triton.cdiv(M, bm), triton.cdiv(N, cfg["BLOCK_N"]), splits)
-    consts = dict(USE_DOT=bm > 1, ONE_GROUP=group_size % bk == 0, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk)
-    return "tile", grid, kps, splits, consts, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if path == "gemv":
+        sub = min(bk, group_size & -group_size)                          # runs of `sub` features never cross a group
+        consts = dict(BLOCK_N=bn, SUBS=bk // sub, SUB_W=sub // 8)
+        return "gemv", (M, triton.cdiv(N, bn), splits), kps, splits, consts, opts
+    bm = cfg["BLOCK_M"]
+    if bm < 16 or bm & (bm - 1): raise ValueError(f"BLOCK_M {bm}: tensor-core tiles take a power of two, at least 16")
+    if bk < 64 and device.type == "cuda": raise ValueError(f"BLOCK_K {bk}: tensor-core tiles need BLOCK_K >= 64")
+    magic, magic_val = _MAGIC[dtype]
+    if path == "pair":
+        if dtype not in (torch.float16, torch.bfloat16): raise ValueError(f"the pair path takes fp16 or bf16 activations, got {dtype}")
+        if group_size % bk: raise ValueError(f"BLOCK_K {bk}: the pair path needs whole steps inside one group of {group_size}")
+        consts = dict(ASM=bool(cfg.get("ASM", True)) and device.type == "cuda", MAGIC2=magic * 0x10001, MAGIC_VAL=magic_val,
+                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        return "pair", (triton.cdiv(M, bm), triton.cdiv(N, bn), splits), kps, splits, consts, opts
+    consts = dict(FACTORED=group_size % bk == 0, IEEE=dtype == torch.float32, MAGIC=magic, MAGIC_VAL=magic_val,
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    return "dot", (triton.cdiv(M, bm), triton.cdiv(N, bn), splits), kps, splits, consts, opts
 
 _PLANS: dict = {}   # (M, N, K, group, dtypes, bias?, device) -> plan: the launcher's per-shape work, done once
 
 def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=None, config: dict | None = None):
-    "`x @ W (+ bias)` for a 4-bit weight in the kernel layout, by the Triton kernel; `config` replaces the launch rule."
+    "`x @ W.T (+ bias)` for a 4-bit weight in the kernel layout, by the Triton kernels; `config` replaces the launch rule."
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
-    M, N = x2.shape[0], qweight.shape[1]
-    key = (M, N, K, qweight.shape[0], group_size, x.dtype, scales.dtype, zeros.dtype, bias is None, x.device)
+    M, N = x2.shape[0], qweight.shape[0]
+    key = (M, N, K, qweight.shape[1], group_size, x.dtype, scales.shape, scales.dtype, zeros.shape, zeros.dtype, bias is None, x.device)
     plan = _PLANS.get(key) if config is None else None
     if plan is None:
         _check(x, qweight, scales, zeros, group_size, bias)
-        cfg = {**_config(M, N, K, group_size, x.device.type, _num_sms(x.device)), **(config or {})}
-        plan = _plan(M, N, K, group_size, x.device, cfg)
+        cfg = {**_config(M, N, K, group_size, x.device.type, _num_sms(x.device), x.dtype), **(config or {})}
+        plan = _plan(M, N, K, group_size, x.dtype, x.device, cfg)
         if config is None:
             if len(_PLANS) > 4096: _PLANS.clear()
             _PLANS[key] = plan
@@ -267,16 +400,18 @@ def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=Non
     if perm is not None: x2 = x2.index_select(1, perm.long())
     if x2.stride(-1) != 1: x2 = x2.contiguous()
     if M == 0 or N == 0: return x2.new_empty(M, N).reshape(*x.shape[:-1], N)
+    G = K // group_size
     if path == "dequant":                                           # many rows: a 16-bit weight once, then the 16-bit GEMM
-        w = torch.empty(K, N, dtype=x.dtype, device=x.device)
-        _w4_dequant_kernel[grid](qweight, scales, zeros, w, N, K, group_size, **consts, **opts)
-        out = torch.matmul(x2, w) if bias is None else torch.addmm(bias, x2, w)
-        return out.reshape(*x.shape[:-1], N)
+        w = torch.empty(N, K, dtype=x.dtype, device=x.device)
+        _w4_dequant_kernel[grid](qweight, scales, zeros, w, N, K, G, group_size, **consts, **opts)
+        return F.linear(x2, w, bias).reshape(*x.shape[:-1], N)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     part = out if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
     b = bias if bias is not None else out
-    _w4a16_kernel[grid](x2, qweight, scales, zeros, b, part, M, N, K, x2.stride(0), kps, group_size,
-                        HAS_BIAS=bias is not None, PARTIAL=splits > 1, IEEE=x.dtype == torch.float32, **consts, **opts)
+    kernel, qw = {"gemv": (_w4_gemv_kernel, qweight), "pair": (_w4_pair_kernel, qweight),
+                  "dot": (_w4_dot_kernel, qweight.view(torch.int16))}[path]
+    kernel[grid](x2, qw, scales, zeros, b, part, M, N, K, G, x2.stride(0), kps, group_size,
+                 HAS_BIAS=bias is not None, PARTIAL=splits > 1, **consts, **opts)
     if splits > 1:                                                   # the slices' float32 sums, added in order, in one launch
         _split_sum_kernel[(triton.cdiv(M * N, 1024),)](part, b, out, M * N, N, splits, HAS_BIAS=bias is not None,
                                                       BLOCK=1024, num_warps=4)
