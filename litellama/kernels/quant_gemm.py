@@ -7,7 +7,8 @@ Docs: https://litellama.github.io/litellama/kernels_nb/quant_gemm.html.md"""
 # %% auto #0
 __all__ = ['QMAX', 'W8A16_CONFIGS', 'W8A16_TUNED', 'INTERPRET_CONFIGS', 'SPLIT', 'W8A8_CONFIGS', 'W8A8_TUNED', 'FP8_BACKEND',
            'e4m3_to_float', 'float_to_e4m3', 'per_token_quant_ref', 'per_token_quant', 'dequantize_weight',
-           'w8a16_gemm_ref', 'w8a16_gemm', 'scaled_mm_ref', 'block_scaled_mm_ref', 'scaled_mm', 'block_scaled_mm']
+           'w8a16_gemm_ref', 'set_w8a16_tuned', 'w8a16_gemm', 'scaled_mm_ref', 'block_scaled_mm_ref', 'scaled_mm',
+           'block_scaled_mm']
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #ee873458
 import torch
@@ -195,11 +196,16 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_sn, scal
         if HAS_BIAS: acc += tl.load(b_ptr + rn, mask=n_mask, other=0.).to(tl.float32)[None, :]
         tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
+@triton.jit
+def _widen_int8(b):
+    "Exact float32 values of int8 codes `b` without an int-to-float conversion: `2**23 + 128 + b` as bits, minus `2**23 + 128`."
+    return (b.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+
 @triton.jit(do_not_specialize=["M"])
 def _w8a16_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_sn, scale_bn, k_per_split,
                          FP8: tl.constexpr, NATIVE: tl.constexpr, BLOCKWISE: tl.constexpr, SCALE_K: tl.constexpr,
                          USE_DOT: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-                         M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         MAGIC: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     "Program `(n, s)`: rows `n-tile` of the weight, streamed once along K slice `s`, times all `M <= M_PAD` tokens."
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -214,24 +220,26 @@ def _w8a16_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_s
     else: acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_mask = (k0 + rk) < k_hi
-        wb = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.)
+        wb = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0, eviction_policy="evict_first")
         x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.)
-        if BLOCKWISE:                                   # BLOCK_K divides SCALE_K: one scale per row and step
-            sw = tl.load(s_ptr + (rn // scale_bn) * s_sn + k0 // SCALE_K, mask=n_mask, other=0.)
+        if FP8 and not NATIVE: w = _widen_e4m3(wb)
+        elif FP8: w = wb.to(tl.float32)
+        elif MAGIC: w = _widen_int8(wb)
+        else: w = wb.to(tl.float32)
+        if BLOCKWISE:
+            if BLOCK_K <= SCALE_K:                      # BLOCK_K divides SCALE_K: one scale per row and step
+                sw = tl.load(s_ptr + (rn // scale_bn) * s_sn + k0 // SCALE_K, mask=n_mask, other=0.)
+                w = w * sw[:, None]
+            else:                                       # SCALE_K divides BLOCK_K: BLOCK_K // SCALE_K scales per row and step
+                rs = k0 // SCALE_K + tl.arange(0, BLOCK_K // SCALE_K)
+                sw = tl.load(s_ptr + (rn // scale_bn)[:, None] * s_sn + rs[None, :],
+                             mask=n_mask[:, None] & (rs * SCALE_K < K)[None, :], other=0.)
+                sw = tl.reshape(tl.broadcast_to(sw[:, :, None], [BLOCK_N, BLOCK_K // SCALE_K, SCALE_K]), [BLOCK_N, BLOCK_K])
+                w = w * sw
         if USE_DOT:
-            if FP8 and not NATIVE: w = _widen_e4m3(wb).to(x.dtype)
-            else: w = wb.to(x.dtype)
-            if BLOCKWISE:
-                if IEEE: part = tl.dot(x, tl.trans(w), input_precision="ieee")
-                else: part = tl.dot(x, tl.trans(w))
-                acc += part * sw[None, :]
-            else:
-                if IEEE: acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-                else: acc = tl.dot(x, tl.trans(w), acc)
+            if IEEE: acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision="ieee")
+            else: acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
         else:
-            if FP8 and not NATIVE: w = _widen_e4m3(wb)
-            else: w = wb.to(tl.float32)
-            if BLOCKWISE: w = w * sw[:, None]
             acc += w * x.to(tl.float32)                 # one token: elementwise products, summed once at the end
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -246,43 +254,25 @@ def _w8a16_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_s
         tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], res.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #03065739
-W8A16_CONFIGS = {     # launch parameters on a GPU, per path; "gemv": M = 1, "skinny": M <= 16, "tiled": larger M
-    "gemv":         dict(BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=3),
-    "gemv_block":   dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3),
-    "skinny":       dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    "skinny_block": dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3),
-    "tiled":        dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
-    "tiled_small":  dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
+W8A16_CONFIGS = {     # launch parameters on a GPU, per path; "gemv": M = 1, "skinny4": M <= 4, "skinny": M <= 16, "tiled": larger M
+    "gemv":          dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
+    "gemv_block":    dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
+    "skinny4":       dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3),
+    "skinny4_block": dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3),
+    "skinny":        dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    "skinny_block":  dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    "tiled":         dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
+    "tiled_small":   dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
 }
-# (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path], from the GPU sweep
-W8A16_TUNED = {   # measured best under CUDA-graph replay on the H200 (benchmarks_nb/results/quant8_gemm_sweep.json)
-    ('gemv', 'int8', 6144, 4096): {'BLOCK_N': 8, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3},
-    ('gemv', 'int8', 4096, 4096): {'BLOCK_N': 4, 'BLOCK_K': 1024, 'num_warps': 4, 'num_stages': 3},
-    ('gemv', 'int8', 24576, 4096): {'BLOCK_N': 16, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('gemv', 'int8', 4096, 12288): {'BLOCK_N': 16, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('gemv', 'fp8', 6144, 4096): {'BLOCK_N': 8, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3},
-    ('gemv', 'fp8', 4096, 4096): {'BLOCK_N': 4, 'BLOCK_K': 1024, 'num_warps': 4, 'num_stages': 3},
-    ('gemv', 'fp8', 24576, 4096): {'BLOCK_N': 8, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3},
-    ('gemv', 'fp8', 4096, 12288): {'BLOCK_N': 8, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3},
-    ('skinny', 'int8', 6144, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('skinny', 'int8', 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('skinny', 'int8', 24576, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('skinny', 'int8', 4096, 12288): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('gemv_block', 'fp8', 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
-    ('gemv_block', 'fp8', 4096, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
-    ('gemv_block', 'fp8', 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
-    ('gemv_block', 'fp8', 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3},
-    ('skinny', 'fp8', 6144, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('skinny', 'fp8', 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('skinny', 'fp8', 24576, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('skinny', 'fp8', 4096, 12288): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3},
-    ('skinny_block', 'fp8', 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3},
-    ('skinny_block', 'fp8', 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3},
-    ('skinny_block', 'fp8', 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3},
-    ('skinny_block', 'fp8', 4096, 12288): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3},
-}
+# (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path], from the GPU sweep (benchmarks_nb/gpu/w8.py prints it).
+# Until that sweep has run on the new decode kernel, the entries are the best configs that fp8 measured on the old one
+# (benchmarks_nb/results/quant8_gemm_sweep.json), used for int8 too: with exact bit-trick widening int8 costs what fp8 does.
+_GEMV_GUESS = {(6144, 4096): (8, 512), (4096, 4096): (4, 1024), (24576, 4096): (8, 512), (4096, 12288): (8, 512)}
+W8A16_TUNED = {(path, kind, N, K): dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3)
+               for (N, K), (bn, bk) in _GEMV_GUESS.items() for kind in ("int8", "fp8") for path in ("gemv", "gemv_block")}
 INTERPRET_CONFIGS = {
     "gemv": dict(BLOCK_N=8, BLOCK_K=32), "gemv_block": dict(BLOCK_N=8, BLOCK_K=32), "skinny": dict(BLOCK_N=16, BLOCK_K=32),
+    "skinny4": dict(BLOCK_N=16, BLOCK_K=32), "skinny4_block": dict(BLOCK_N=16, BLOCK_K=32),
     "skinny_block": dict(BLOCK_N=16, BLOCK_K=32), "tiled": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32), "tiled_small": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32)}
 SPLIT = {"cuda": dict(programs_per_sm=4, min_split=512, max_split=16), "interpret": dict(programs_per_sm=4, min_split=32, max_split=16)}
 
@@ -296,19 +286,18 @@ def _split(n_tiles: int, K: int, step: int, num_sms: int, min_split: int, progra
     return max(1, min(triton.cdiv(want, n_tiles), K // max(min_split, step), max_split))
 
 def _w8a16_path(M, blockwise):
-    p = "gemv" if M == 1 else "skinny" if M <= 16 else "tiled_small" if M <= 64 else "tiled"
-    return p + "_block" if blockwise and p in ("gemv", "skinny") else p
+    p = "gemv" if M == 1 else "skinny4" if M <= 4 else "skinny" if M <= 16 else "tiled_small" if M <= 64 else "tiled"
+    return p + "_block" if blockwise and not p.startswith("tiled") else p
 
 def _w8a16_rule(M, N, K, bk, device, fp8: bool = False) -> dict:
     "Launch parameters for `w8a16_gemm` (`bk`: the block's K size, or None for per-channel scales)."
     cuda = device.type == "cuda"
     path = _w8a16_path(M, bk is not None)
-    cfg = dict(USE_DOT=M > 1, num_warps=4 if cuda else 1, num_stages=3 if cuda else 1)
+    cfg = dict(USE_DOT=M > 1, MAGIC=True, num_warps=4 if cuda else 1, num_stages=3 if cuda else 1)
     cfg.update(W8A16_CONFIGS[path] if cuda else INTERPRET_CONFIGS[path])
     if cuda: cfg.update(W8A16_TUNED.get((path, "fp8" if fp8 else "int8", N, K), {}))
     cfg["path"] = path
-    if bk is not None:
-        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], bk) if path != "tiled" and path != "tiled_small" else bk
+    if bk is not None and path.startswith("tiled"): cfg["BLOCK_K"] = bk     # the tiled kernel's step is one block
     if "SPLIT_K" not in cfg:
         sp = SPLIT["cuda" if cuda else "interpret"]
         cfg["SPLIT_K"] = _split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], _num_sms(device), sp["min_split"],
@@ -321,18 +310,26 @@ from .linear import _split_sum_kernel
 def _is_8bit(t): return t.dtype in (torch.int8, torch.float8_e4m3fn)
 
 _PLANS = {}   # (shape class, N, K, ...) -> launch plan; filled on first use
+_TABLE_VERSION = [0]
+
+def set_w8a16_tuned(table: dict):
+    "Replace `W8A16_TUNED` by `table` (`{(path, kind, N, K): config}`, e.g. from a sweep) and forget the cached launch plans."
+    W8A16_TUNED.clear(); W8A16_TUNED.update(table)
+    _PLANS.clear(); _TABLE_VERSION[0] += 1
 
 def _w8a16_plan(M, N, K, blk, fp8, dtype, device, config):
     "The kernel, constexpr parameters, launch options and K slices of one call (cached unless `config` is given)."
-    key = (M if M <= 16 else 17 if M <= 64 else 65, N, K, blk, fp8, dtype, device.type, device.index)
+    key = (M if M <= 16 else 17 if M <= 64 else 65, N, K, blk, fp8, dtype, device.type, device.index, _TABLE_VERSION[0])
     if config is None and key in _PLANS: return _PLANS[key]
     cfg = {**_w8a16_rule(M, N, K, None if blk is None else blk[1], device, fp8), **(config or {})}
     if config and "SPLIT_K" not in config and M <= 16:      # slices for the config's own tile width
         sp = SPLIT["cuda" if device.type == "cuda" else "interpret"]
         cfg["SPLIT_K"] = _split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], _num_sms(device), sp["min_split"],
                                 sp["programs_per_sm"], sp["max_split"])
-    if blk is not None and cfg["path"] not in ("tiled", "tiled_small") and (blk[1] % cfg["BLOCK_K"] or cfg["BLOCK_K"] > blk[1]):
-        raise ValueError(f"w8a16_gemm: BLOCK_K {cfg['BLOCK_K']} must divide the block's K size {blk[1]}")
+    bk = cfg["BLOCK_K"]
+    if bk & (bk - 1) or bk < 16: raise ValueError(f"w8a16_gemm: BLOCK_K {bk} must be a power of two >= 16")
+    if blk is not None and cfg["path"].startswith("tiled") and bk != blk[1]:
+        raise ValueError(f"w8a16_gemm: the tiled path steps one block: BLOCK_K {bk} must equal the block's K size {blk[1]}")
     step = cfg["BLOCK_K"]
     kps = max(step, triton.cdiv(triton.cdiv(K, cfg["SPLIT_K"]), step) * step)
     splits = triton.cdiv(K, kps)
@@ -340,8 +337,9 @@ def _w8a16_plan(M, N, K, blk, fp8, dtype, device, config):
     meta = dict(FP8=fp8, NATIVE=device.type == "cuda", BLOCKWISE=blk is not None, IEEE=dtype == torch.float32,
                 BLOCK_N=cfg["BLOCK_N"], BLOCK_K=step, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if skinny:
-        use_dot = cfg["USE_DOT"] and M > 1
-        meta.update(USE_DOT=use_dot, SCALE_K=blk[1] if blk else 1, M_PAD=max(triton.next_power_of_2(M), 16) if use_dot else 1)
+        use_dot = M > 1                                  # the elementwise path takes one token
+        meta.update(USE_DOT=use_dot, SCALE_K=blk[1] if blk else 1, MAGIC=cfg.get("MAGIC", True),
+                    M_PAD=max(triton.next_power_of_2(M), 16) if use_dot else 1)
         plan = (_w8a16_skinny_kernel, None, meta, kps, splits)
     else:
         meta.update(USE_DOT=cfg["USE_DOT"], BLOCK_M=cfg["BLOCK_M"])
