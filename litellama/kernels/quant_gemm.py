@@ -223,6 +223,7 @@ def _w8a16_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_s
         wb = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0, eviction_policy="evict_first")
         x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.)
         if FP8 and not NATIVE: w = _widen_e4m3(wb)
+        elif FP8 and USE_DOT and not BLOCKWISE: w = wb.to(x.dtype)      # straight to the dot's type: one conversion
         elif FP8: w = wb.to(tl.float32)
         elif MAGIC: w = _widen_int8(wb)
         else: w = wb.to(tl.float32)
