@@ -219,6 +219,20 @@ def weight_bytes(model):
         seen.add(t.data_ptr()); n += t.numel() * t.element_size()
     return n
 
+def decode_profile(eng, steps=8):
+    "Where a batch-1 decode step's GPU time goes: the top kernels over `steps` steps, microseconds per step."
+    from torch.profiler import profile, ProfilerActivity
+    from litellama.sampling import SamplingParams
+    eng.add_request(list(range(1, 17)), SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
+    eng.step(); sync()                                    # the prefill, outside the profile
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])) as prof:
+        while eng.has_unfinished_requests(): eng.step()
+        sync()
+    ev = prof.key_averages()
+    key = next((k for k in ("self_device_time_total", "self_cuda_time_total") if CUDA and hasattr(ev[0], k)), "self_cpu_time_total")
+    top = sorted(ev, key=lambda e: -getattr(e, key))[:12]
+    return dict(metric=key, steps=steps, top=[dict(name=e.key[:80], us_per_step=getattr(e, key) / steps, calls=e.count) for e in top])
+
 PROMPT, GEN, PREFILL = (8, 6, 64) if DRY else (128, 64, 4096)
 ENG = {}
 
@@ -258,6 +272,8 @@ def engine_part(scheme):
         sync(); pre.append(time.perf_counter() - t)
     r["prefill_s_runs"] = pre
     r["prefill_tok_s"] = PREFILL / sorted(pre[1:])[len(pre[1:]) // 2]
+    try: r["decode_profile"] = decode_profile(eng)
+    except Exception as e: r["decode_profile"] = f"{type(e).__name__}: {str(e)[:200]}"
     r["graphs"] = sorted(eng.runner.graphs) if hasattr(eng.runner, "graphs") else None
     del eng, model
     gc.collect()
