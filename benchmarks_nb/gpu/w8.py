@@ -1,11 +1,16 @@
-"""8-bit decode GEMMs and the 8-bit schemes through the engine, on one GPU, in one call of under 150 s:
+"""8-bit GEMMs and the 8-bit schemes through the engine, on one GPU, in one call of about 140 s at most:
 (1) the W8A16 decode kernel (int8 bit-trick widening, fp8, fp8 with block scales spanning one or several blocks per step)
-    against its reference in bf16, M = 1, 4, 16 and a ragged shape;
-(2) a sweep of launch configs of that kernel for M = 1, 4, 16 on Qwen3-8B's four projections under CUDA-graph replay
-    (20 calls per graph, weights rotated over copies beyond L2), bf16 F.linear and skinny_linear as peers in the same run;
-    prints the best per shape and a suggested `W8A16_TUNED`, and installs it (`set_w8a16_tuned`) before part (3);
+    against its reference in bf16, M = 1, 4, 16 and ragged shapes;
+(2) a sweep of launch configs of that kernel for M = 1 and 16 on Qwen3-8B's four projections and its LM head under
+    CUDA-graph replay (20 calls per graph, weights rotated over copies beyond L2), bf16 F.linear and skinny_linear as peers
+    in the same run (tile shapes, num_warps 2/4/8, no split-K / split-K, prefetching the next step); prints the best per
+    shape and a suggested `W8A16_TUNED`, and installs it (`set_w8a16_tuned`) before the engines;
+(2b) large M (256, 1024, 4096): the tiled kernel against widen-to-bf16-then-cuBLAS, bf16 F.linear as the peer; installs
+    the crossover as `DEQUANT_M["cuda"]`;
 (3) Qwen3-8B-shape random weights built in GPU memory, per scheme (bf16, int8 W8A16, fp8 W8A16, fp8 W8A8): batch-1 TPOT
-    through the engine with CUDA graphs, prefill of one 4,096-token prompt (tok/s), weight memory and KV capacity.
+    through the engine with CUDA graphs, prefill of one 4,096-token prompt (tok/s), weight memory, KV capacity and a
+    profile of a decode step; then the M = 4 sweep with what time is left.
+Every kernel variant launched here compiles for sm_90 on a CPU first: benchmarks_nb/gpu/w8_ptx.py.
 
     PYTHONPATH=. python3 benchmarks_nb/gpu/w8.py $OUT            # on the GPU: writes $OUT/w8.json
     PYTHONPATH=. python3 benchmarks_nb/gpu/w8.py /tmp --dry-run  # on a CPU: tiny shapes, Triton interpreter
@@ -28,9 +33,9 @@ CUDA = torch.cuda.is_available() and not DRY
 DEV, DT, FP8 = ("cuda" if CUDA else "cpu"), (torch.bfloat16 if CUDA else torch.float32), torch.float8_e4m3fn
 RES = environment(DRY)
 RES["timing"] = "graph_ms: 20 calls in one CUDA graph, weights rotated over copies of >= 256 MB, median of 5 replays"
-B = Budget(float(os.environ.get("W8_BUDGET_S", 900 if DRY else 130)), RES)
+B = Budget(float(os.environ.get("W8_BUDGET_S", 900 if DRY else 135)), RES)
 BK = 32 if DRY else 128
-SHAPES = {"qkv": (48, 64), "down": (40, 96)} if DRY else {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+SHAPES = None   # set with the candidates below
 MS = (1, 2, 16) if DRY else (1, 4, 16)
 
 def quant_rows(w, dtype):
@@ -55,8 +60,9 @@ def weights(kind, w):
 @B.part("correctness", need=5)
 def _():
     rows = []
-    cfgs = {"int8": [None, dict(MAGIC=False)], "fp8": [None],          # the table's own config: at M = 1 a step of 4 blocks
-            "fp8b": [None, dict(BLOCK_N=16, BLOCK_K=BK // 2), dict(BLOCK_N=8, BLOCK_K=BK, SPLIT_K=1)]}
+    P, D = dict(PREFETCH=True), dict(DEQUANT=True)
+    cfgs = {"int8": [None, dict(MAGIC=False), P, dict(P, SPLIT_K=1), D], "fp8": [None, P, D],   # None: the table's own config
+            "fp8b": [None, dict(BLOCK_N=16, BLOCK_K=BK // 2), dict(BLOCK_N=8, BLOCK_K=BK, SPLIT_K=1), P, D]}
     shapes = ((1, 48, 100), (2, 40, 96), (16, 33, 130)) if DRY else ((1, 4096, 4096), (4, 6144, 4096), (16, 4096, 12288), (1, 1000, 600), (5, 33, 4160))
     g = torch.Generator(device=DEV).manual_seed(0)
     for M, N, K in shapes:
@@ -84,22 +90,36 @@ def _():
         if not r["ok"]: print("  FAIL", r)
 
 # ---------------------------------------------------------------- (2) sweep of the decode path
+# ---- candidates (benchmarks_nb/gpu/w8_ptx.py compiles each of these for sm_90 on a CPU)
 C = dict
+SHAPES_GPU = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288), "lm_head": (151936, 4096)}
 if DRY:
-    CANDS = {"channel": [C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1), C(BLOCK_N=16, BLOCK_K=64, num_warps=1, num_stages=1, SPLIT_K=1)],
+    CANDS = {"channel": [C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1), C(BLOCK_N=16, BLOCK_K=64, num_warps=1, num_stages=1, SPLIT_K=1),
+                         C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1, PREFETCH=True)],
              "block": [C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1), C(BLOCK_N=8, BLOCK_K=64, num_warps=1, num_stages=1)]}
     CANDS_DOT = CANDS
-else:   # M = 1: few rows, long K loads (bytes per step = BLOCK_N * BLOCK_K), split-K from the rule unless given
+else:   # M = 1: few rows, long K loads (bytes per step = BLOCK_N * BLOCK_K); split-K from the rule unless given
     CANDS = {"channel": [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns) for bn, bk, nw, ns in
-                         ((8, 512, 4, 3), (4, 1024, 4, 3), (8, 1024, 4, 3), (16, 512, 4, 3), (16, 1024, 8, 4))] + [C(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
-                                               C(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, MAGIC=False)],
+                         ((8, 512, 4, 3), (4, 1024, 4, 3), (8, 1024, 4, 3), (16, 512, 4, 3), (4, 2048, 4, 3), (4, 2048, 8, 3),
+                          (2, 4096, 8, 3), (8, 1024, 8, 3), (4, 1024, 2, 3), (8, 512, 2, 4), (16, 1024, 8, 4), (2, 2048, 4, 4))]
+                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, SPLIT_K=1) for bn, bk, nw, ns in
+                         ((8, 512, 4, 3), (4, 1024, 4, 3), (4, 2048, 8, 3), (2, 4096, 8, 3), (8, 1024, 8, 3), (2, 1024, 4, 4), (1, 4096, 4, 3))]
+                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3, SPLIT_K=2) for bn, bk in ((4, 1024), (8, 512))]
+                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, PREFETCH=True, **sk) for bn, bk, nw in
+                         ((8, 512, 4), (4, 1024, 4), (4, 2048, 8), (8, 1024, 8), (4, 512, 2)) for sk in ({}, dict(SPLIT_K=1))],
              "block": [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3) for bn, bk, nw in
-                       ((8, 512, 4), (4, 1024, 4), (16, 512, 8), (16, 128, 4))]}
+                       ((8, 512, 4), (4, 1024, 4), (16, 512, 8), (16, 128, 4), (4, 2048, 8), (8, 1024, 8))]
+                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, SPLIT_K=1) for bn, bk, nw in ((4, 1024, 4), (4, 2048, 8), (8, 512, 4))]
+                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, PREFETCH=True) for bn, bk, nw in ((8, 512, 4), (4, 1024, 4), (4, 2048, 8))]}
     CANDS_DOT = {"channel": [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns) for bn, bk, nw, ns in
-                             ((16, 256, 4, 3), (32, 256, 4, 3), (16, 512, 4, 3), (32, 512, 4, 4), (64, 256, 8, 3))],
+                             ((16, 256, 4, 3), (32, 256, 4, 3), (16, 512, 4, 3), (32, 512, 4, 4), (64, 256, 8, 3), (16, 1024, 8, 3), (32, 512, 8, 3))]
+                             + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, SPLIT_K=1) for bn, bk, nw in ((16, 512, 4), (32, 256, 4), (16, 1024, 8))]
+                             + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3, PREFETCH=True) for bn, bk in ((32, 256), (16, 512))],
                  "block": [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns) for bn, bk, nw, ns in
-                           ((16, 256, 4, 3), (32, 256, 4, 3), (16, 512, 4, 3), (32, 128, 4, 3))]}
-
+                           ((16, 256, 4, 3), (32, 256, 4, 3), (16, 512, 4, 3), (32, 128, 4, 3), (16, 1024, 8, 3))]
+                           + [C(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, PREFETCH=True)]}
+# ---- end candidates
+SHAPES = {"qkv": (48, 64), "down": (40, 96), "lm_head": (80, 64)} if DRY else SHAPES_GPU
 SUGGEST, BEST = {}, {}
 RES["sweep"] = []
 
@@ -150,14 +170,56 @@ def sweep(M, kind, need=6):
             print(f"  {tag:<12}{pname:<8} best {best['graph_ms']:.4f} ms {best['weight_tbps']:.2f} TB/s "
                   f"x bf16 {best['time_vs_bf16'] or float('nan'):.2f}  {best['config']}", flush=True)
 
-SWEEP_NEED = 1 if DRY else 55      # seconds the sweeps leave for the engines
+SWEEP_NEED = 1 if DRY else 60      # seconds the M = 1 sweeps leave for the prefill paths and the engines
 def sweeps(ms):
     for M in ms:
         for kind in ("int8", "fp8", "fp8b"):
             B.part(f"sweep M={M} {kind}", need=SWEEP_NEED)(lambda M=M, kind=kind: sweep(M, kind, need=SWEEP_NEED))
 
-sweeps((1, 16))
+sweeps((1,))           # batch-1 decode first: the engines' TPOT uses it; M = 16 and 4 after the engines
 B.part("install table", need=0)(lambda: qg.set_w8a16_tuned({**qg.W8A16_TUNED, **SUGGEST}))   # the engines use what was measured
+
+# ---------------------------------------------------------------- (2b) large M: the tiled kernel or widen-then-cuBLAS
+PRE_MS = (32, 64) if DRY else (256, 1024, 4096)
+PRE_SHAPES = {k: SHAPES[k] for k in (("qkv", "down") if DRY else ("qkv", "gate_up", "down"))}
+@B.part("prefill paths", need=1 if DRY else 45)
+def _():
+    rows, tot = [], {}
+    for M in PRE_MS:
+        for pname, (N, K) in PRE_SHAPES.items():
+            if CUDA: torch.cuda.empty_cache()
+            g = torch.Generator(device=DEV).manual_seed(M + N)
+            w = torch.randn(N, K, device=DEV, generator=g) / math.sqrt(K)
+            x = torch.randn(M, K, device=DEV, generator=g).to(DT)
+            wb = w.to(DT)
+            r = dict(M=M, proj=pname, N=N, K=K)
+            try: r["bf16 F.linear"] = eager_ms(lambda: F.linear(x, wb), CUDA)
+            except Exception as e: r["bf16 error"] = str(e)[:160]
+            del wb
+            for kind in ("int8", "fp8", "fp8b"):
+                q, s, blk = weights(kind, w)
+                ref = qg.w8a16_gemm_ref(x, q, s, None, blk)
+                for way, cfg in (("tiled", dict(DEQUANT=False)), ("dequant", dict(DEQUANT=True))):
+                    try:
+                        e = rel(qg.w8a16_gemm(x, q, s, None, blk, cfg), ref)
+                        if e > (1e-5 if DT == torch.float32 else 1e-2): raise ValueError(f"rel_err {e:.3g}")
+                        r[f"{kind} {way}"] = t = eager_ms(lambda: qg.w8a16_gemm(x, q, s, None, blk, cfg), CUDA)
+                        tot[(M, kind, way)] = tot.get((M, kind, way), 0) + t
+                    except Exception as ex: r[f"{kind} {way} error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
+                del q, s
+            del w, x, ref
+            rows.append(r)
+            print(f"  prefill M={M:<5}{pname:<8}" + "  ".join(f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float)), flush=True)
+    RES["prefill_paths"] = rows
+    # the crossover: the smallest M from which widening wins for every kind measured there (and at every larger M)
+    wins = [M for M in PRE_MS if all(tot.get((M, k, "dequant"), 1e9) <= tot.get((M, k, "tiled"), 1e9) for k in ("int8", "fp8", "fp8b"))
+            and any((M, k, "dequant") in tot for k in ("int8", "fp8", "fp8b"))]
+    good = [M for M in wins if all(m in wins for m in PRE_MS if m >= M)]
+    dev = "cuda" if CUDA else "cpu"
+    new = min(good) if good else (1 << 62)
+    RES["dequant_m"] = dict(before=qg.DEQUANT_M.get(dev), installed=new, measured_ms={str(k): v for k, v in tot.items()})
+    qg.DEQUANT_M[dev] = new
+    print(f"  DEQUANT_M[{dev}] = {new}", flush=True)
 RES["best"] = BEST
 RES["suggested_W8A16_TUNED"] = {str(k): v for k, v in SUGGEST.items()}
 def decode_stack():
@@ -169,13 +231,14 @@ def decode_stack():
             for p in SHAPES:
                 if kind == "bf16": t = RES.get("peers", {}).get(f"M={M} {p}", {}).get("bf16 F.linear")
                 else: t = BEST.get(f"M={M} {kind} {p}", {}).get("graph_ms")
-                ts.append(t if isinstance(t, float) else None)
-            if all(t is not None for t in ts): out[f"M={M} {kind}"] = 36 * sum(ts)
+                ts.append((t if isinstance(t, float) else None, p))
+            if all(t is not None for t, _ in ts):      # 36 layers of four projections, and the LM head once
+                out[f"M={M} {kind}"] = sum(t * (1 if p == "lm_head" else 36) for t, p in ts)
     for k, v in list(out.items()):
         b = out.get(k.split(" ")[0] + " bf16")
         if b and not k.endswith("bf16"): out[k + " / bf16"] = v / b
     return out
-try: RES["decode_stack_projection_ms"] = decode_stack()
+try: RES["decode_step_projection_ms"] = decode_stack()
 except Exception as e: RES["errors"]["decode_stack"] = str(e)
 
 # ---------------------------------------------------------------- (3) the engine, per scheme
@@ -291,17 +354,17 @@ if "bf16" in ENG:
                                      weight_memory=r["weight_bytes"] / b["weight_bytes"], kv_capacity=r["kv_capacity_tokens"] / b["kv_capacity_tokens"])
                              for s, r in ENG.items() if s != "bf16"}
 
-# ---------------------------------------------------------------- the M = 4 sweep, for the table only, with what is left
+# ---------------------------------------------------------------- the M = 16 and 4 sweeps, for the table only, with what is left
 SWEEP_NEED = 1 if DRY else 6
-sweeps((2,) if DRY else (4,))
+sweeps((16, 2) if DRY else (16, 4))
 RES["best"] = BEST
 RES["suggested_W8A16_TUNED"] = {str(k): v for k, v in SUGGEST.items()}
-try: RES["decode_stack_projection_ms"] = decode_stack()
+try: RES["decode_step_projection_ms"] = decode_stack()
 except Exception as e: RES["errors"]["decode_stack"] = str(e)
 RES["total_seconds"] = round(time.time() - B.t0, 1)
 OUT.mkdir(parents=True, exist_ok=True)
 (OUT / "w8.json").write_text(json.dumps(RES, indent=1, default=str))
-print("\ndecode-step projections (36 layers, ms):", json.dumps(RES.get("decode_stack_projection_ms", {}), indent=1))
+print("\ndecode-step projections (36 layers, ms):", json.dumps(RES.get("decode_step_projection_ms", {}), indent=1))
 print("engine vs bf16:", json.dumps(RES.get("engine_vs_bf16", {}), indent=1))
 print("\nsuggested W8A16_TUNED for kernels_nb/12_quant_gemm.ipynb:")
 for k, v in SUGGEST.items(): print(f"    {k}: {v},")
