@@ -2,7 +2,7 @@
 stand-in driver, no GPU needed) and report, per variant, compile errors and how the weight loads compile
 (counts of ld.global.v4 / ld.global.v2 / scalar ld.global lines and cvt lines in the PTX).
 
-  PYTHONPATH=. python benchmarks_nb/gpu/w8_ptx.py /tmp/w8_ptx.json [--dump DIR]
+  PYTHONPATH=. python benchmarks_nb/gpu/w8_ptx.py /tmp/w8_ptx.json [--dump DIR]     # PARTS=w8a16,dequant,w8a8 (default: all)
 """
 import hashlib, json, os, re, sys
 os.environ.pop("TRITON_INTERPRET", None)
@@ -63,7 +63,8 @@ src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "w8.py")).re
 ns = {}
 ns = {"DRY": False}
 exec(src[src.index("# ---- candidates"):src.index("# ---- end candidates")], ns)
-for M in (1, 4, 16, 100, 4096):
+PARTS = os.environ.get("PARTS", "w8a16,dequant,w8a8").split(",")   # e.g. PARTS=w8a8 for one group
+for M in ((1, 4, 16, 100, 4096) if "w8a16" in PARTS else ()):
     for kind in ("int8", "fp8", "fp8b"):
         blk = (1, 128) if kind == "fp8b" else None
         for pname, (N, K) in ns["SHAPES_GPU"].items():
@@ -76,7 +77,7 @@ for M in (1, 4, 16, 100, 4096):
                 tag = f"M={M} {kind} {pname} {cfg}"
                 try: launch(x, q, s, blk, cfg, tag)
                 except Exception as e: OUT["ERROR " + tag] = f"{type(e).__name__}: {str(e)[:300]}"
-for kind in ("int8", "fp8", "fp8b"):      # the widening pass of the large-M path
+for kind in (("int8", "fp8", "fp8b") if "dequant" in PARTS else ()):      # the widening pass of the large-M path
     q = torch.empty(256, 512, dtype=torch.int8 if kind == "int8" else torch.float8_e4m3fn)
     blk = (128, 128) if kind == "fp8b" else None
     s = torch.empty(2, 4, dtype=torch.float32) if blk else torch.empty(256, dtype=torch.float32)
@@ -86,7 +87,7 @@ for kind in ("int8", "fp8", "fp8b"):      # the widening pass of the large-M pat
                                    blk[0] if blk else 1, FP8=kind != "int8", NATIVE=True, BLOCKWISE=blk is not None,
                                    SCALE_K=blk[1] if blk else 1, BLOCK_N=32, BLOCK_K=128, num_warps=4)
     except Exception as e: OUT["ERROR dequant " + kind] = f"{type(e).__name__}: {str(e)[:300]}"
-for size, cfg in qg.W8A8_CONFIGS.items():     # the Triton W8A8 kernel (int8, and the fp8 kinds torch._scaled_mm does not take)
+for size, cfg in (qg.W8A8_CONFIGS.items() if "w8a8" in PARTS else ()):     # the Triton W8A8 kernel (int8, and the fp8 kinds torch._scaled_mm does not take)
     for kind in ("int8", "fp8", "fp8_block"):
         M, N, K = {"small": 16, "mid": 64, "large": 256}[size], 256, 512
         dt = torch.int8 if kind == "int8" else torch.float8_e4m3fn
