@@ -2,7 +2,7 @@
 stand-in driver, no GPU needed) and report, per variant, compile errors and how the weight loads compile
 (counts of ld.global.v4 / ld.global.v2 / scalar ld.global lines and cvt lines in the PTX).
 
-  PYTHONPATH=. python benchmarks_nb/gpu/w8_ptx.py /tmp/w8_ptx.json [--dump DIR]     # PARTS=w8a16,dequant,w8a8 (default: all)
+  PYTHONPATH=. python benchmarks_nb/gpu/w8_ptx.py /tmp/w8_ptx.json [--dump DIR]     # PARTS=w8a16,ragged,dequant,w8a8 (default: all)
 """
 import hashlib, json, os, re, sys
 os.environ.pop("TRITON_INTERPRET", None)
@@ -63,7 +63,7 @@ src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "w8.py")).re
 ns = {}
 ns = {"DRY": False}
 exec(src[src.index("# ---- candidates"):src.index("# ---- end candidates")], ns)
-PARTS = os.environ.get("PARTS", "w8a16,dequant,w8a8").split(",")   # e.g. PARTS=w8a8 for one group
+PARTS = os.environ.get("PARTS", "w8a16,ragged,dequant,w8a8").split(",")   # e.g. PARTS=w8a8 for one group
 for M in ((1, 4, 16, 100, 4096) if "w8a16" in PARTS else ()):
     for kind in ("int8", "fp8", "fp8b"):
         blk = (1, 128) if kind == "fp8b" else None
@@ -77,6 +77,16 @@ for M in ((1, 4, 16, 100, 4096) if "w8a16" in PARTS else ()):
                 tag = f"M={M} {kind} {pname} {cfg}"
                 try: launch(x, q, s, blk, cfg, tag)
                 except Exception as e: OUT["ERROR " + tag] = f"{type(e).__name__}: {str(e)[:300]}"
+for M, N, K in (((1, 1000, 600), (5, 33, 4160), (16, 4096, 12288)) if "ragged" in PARTS else ()):   # w8.py's correctness shapes
+    for kind in ("int8", "fp8", "fp8b"):
+        blk = (1, 128) if kind == "fp8b" else None
+        x = torch.empty(M, K, dtype=torch.bfloat16)
+        q = torch.empty(N, K, dtype=torch.int8 if kind == "int8" else torch.float8_e4m3fn)
+        s = torch.empty(N, -(-K // 128), dtype=torch.float32) if blk else torch.empty(N, dtype=torch.float32)
+        for cfg in (None, dict(PREFETCH=True), dict(PREFETCH=True, SPLIT_K=1), dict(MAGIC=False), dict(BLOCK_N=16, BLOCK_K=64), dict(BLOCK_N=8, BLOCK_K=128, SPLIT_K=1)):
+            tag = f"ragged M={M} N={N} K={K} {kind} {cfg}"
+            try: launch(x, q, s, blk, cfg, tag)
+            except Exception as e: OUT["ERROR " + tag] = f"{type(e).__name__}: {str(e)[:300]}"
 for kind in (("int8", "fp8", "fp8b") if "dequant" in PARTS else ()):      # the widening pass of the large-M path
     q = torch.empty(256, 512, dtype=torch.int8 if kind == "int8" else torch.float8_e4m3fn)
     blk = (128, 128) if kind == "fp8b" else None
