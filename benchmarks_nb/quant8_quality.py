@@ -60,7 +60,9 @@ def main(argv=None):
     ap.add_argument("--alpha", type=float, default=0.5)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "quant8_quality.json"))
     ap.add_argument("--max-eval-tokens", type=int, default=513)
-    ap.add_argument("--greedy-tokens", type=int, default=0, help="greedy tokens per chat prompt (64 in the full run; 0 skips it)")
+    ap.add_argument("--greedy-tokens", type=int, default=64, help="greedy tokens per chat prompt (0 skips it)")
+    ap.add_argument("--keep-perplexity", action="store_true",
+                    help="take the perplexities from the existing --out file and run only the greedy agreement")
     a = ap.parse_args(argv)
     from transformers import AutoTokenizer
     from litellama.checkpoints import default_model_dir
@@ -79,13 +81,17 @@ def main(argv=None):
     sq = quantize_smoothquant(src, tmp / "sq", alpha=a.alpha, calibration=data / "calibration.txt", max_tokens=1024)
     schemes = {"fp32": (src, None), "int8 W8A16": (src, "int8"), "fp8 W8A16": (src, "fp8"),
                "W8A8 int8 (plain)": (w8a8, None), f"SmoothQuant W8A8 int8 (alpha {a.alpha})": (sq, None)}
+    old = {r["scheme"]: r for r in json.loads(Path(a.out).read_text())["rows"]} if a.keep_perplexity else {}
     rows, ref_tokens, ref_top1 = [], None, None
     for name, (d, q) in schemes.items():
         t = time.time()
         m, _ = load_model(d, dtype=torch.float32, device="cpu", quantization=q)
-        ppl, top1 = perplexity(m, ids)
-        if ref_top1 is None: ref_top1 = top1
-        row = dict(scheme=name, perplexity=ppl, top1_agreement=(top1 == ref_top1).float().mean().item())
+        if a.keep_perplexity:
+            row = {k: old[name][k] for k in ("scheme", "perplexity", "top1_agreement")}
+        else:
+            ppl, top1 = perplexity(m, ids)
+            if ref_top1 is None: ref_top1 = top1
+            row = dict(scheme=name, perplexity=ppl, top1_agreement=(top1 == ref_top1).float().mean().item())
         if a.greedy_tokens:
             toks = greedy(m, chat_ids, a.greedy_tokens)
             if ref_tokens is None: ref_tokens = toks
@@ -105,6 +111,9 @@ def main(argv=None):
                "not run (--greedy-tokens 0): top1_agreement is the teacher-forced next-token argmax agreement with fp32 on the held-out text",
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), commit=commit,
                torch=torch.__version__, total_seconds=round(time.time() - t0, 1), rows=rows)
+    if a.keep_perplexity:
+        prev = json.loads(Path(a.out).read_text())
+        res["perplexity_from"] = dict(commit=prev.get("commit"), date=prev.get("date"), seconds=prev.get("total_seconds"))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
     print(f"wrote {a.out}")

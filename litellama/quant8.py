@@ -80,7 +80,7 @@ class Int8Config(QuantConfig):
     def from_hf(cls, qc, model_dir=None):
         raise ValueError("'int8' is a scheme to quantize with at load time (quantization='int8'), not a checkpoint format; "
                          "int8 checkpoints load as compressed-tensors")
-    def method_for(self, layer, prefix): return None if prefix == "lm_head" else RuntimeW8(torch.int8)
+    def method_for(self, layer, prefix): return RuntimeW8(torch.int8)     # an untied LM head too; a tied one stays the embedding
 
 # %% ../nbs/20_quant8.ipynb #86fa73ad
 def _expand_rows(t: torch.Tensor, bn: int, rows: int) -> torch.Tensor:
@@ -169,7 +169,7 @@ class Fp8Config(QuantConfig):
         return cls(True, block, act, qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ())
 
     def method_for(self, layer, prefix):
-        if not self.checkpoint: return None if prefix == "lm_head" else RuntimeW8(torch.float8_e4m3fn, w8a8=True)
+        if not self.checkpoint: return RuntimeW8(torch.float8_e4m3fn, w8a8=prefix != "lm_head")   # the head: W8A16
         if self.skipped(prefix, self.ignore): return None
         return CheckpointW8(torch.float8_e4m3fn, self.block, self.activations, "weight_scale_inv" if self.block else "weight_scale")
 
