@@ -169,6 +169,29 @@ def make_engine(max_num_seqs):
     return eng
 
 
+def hf_kw(kw):
+    "Drop `mm_token_type_ids` where this transformers' Qwen3-VL does not take it (older versions find the images by their ids)."
+    import inspect
+    return kw if "mm_token_type_ids" in inspect.signature(hf.forward).parameters else {k: v for k, v in kw.items() if k != "mm_token_type_ids"}
+
+
+def hf_rope_index(kw):
+    import inspect
+    params = inspect.signature(hf.model.get_rope_index).parameters
+    args = {k: kw[k] for k in ("input_ids", "mm_token_type_ids", "image_grid_thw", "attention_mask") if k in params}
+    return hf.model.get_rope_index(**args)
+
+
+def hf_image_features(pv, grid):
+    "`(merged per image, [DeepStack layer][image])` from either return shape of `get_image_features`."
+    out = hf.model.get_image_features(pv, grid)
+    merged, ds = (out.pooler_output, out.deepstack_features) if hasattr(out, "pooler_output") else (out[0], out[1])
+    sizes = (grid.prod(-1) // 4).tolist()
+    if torch.is_tensor(merged): merged = merged.split(sizes)
+    ds = [d.split(sizes) if torch.is_tensor(d) else d for d in ds]
+    return merged, ds
+
+
 def rel(a, b): a, b = a.float(), b.float(); return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
 
 
@@ -180,19 +203,35 @@ def _():
     raw = prompt_ids()[:10] + [77, 78, config.vision_start_token_id, IMAGE_TOKEN, config.vision_end_token_id] + text_ids(5)
     kw, grids = hf_inputs(raw, imgs)
     with torch.no_grad():
-        ref = hf.model.get_image_features(kw["pixel_values"], kw["image_grid_thw"])
+        ref_merged, ref_ds = hf_image_features(kw["pixel_values"], kw["image_grid_thw"])
         mine = ours.embed_images(kw["pixel_values"], grids)
         H = config.text_config.hidden_size
-        b = {"features_rel_diff": [rel(m[:, :H], r) for m, r in zip(mine, ref.pooler_output)],
-             "deepstack_rel_diff": [[rel(m[:, H * (j + 1):H * (j + 2)], ref.deepstack_features[j][i]) for j in range(len(ref.deepstack_features))]
-                                    for i, m in enumerate(mine)]}
-        pos_hf, delta_hf = hf.model.get_rope_index(kw["input_ids"], kw["mm_token_type_ids"], kw["image_grid_thw"])
+        b = {"features_rel_diff": [rel(m[:, :H], r) for m, r in zip(mine, ref_merged)],
+             "deepstack_rel_diff": [[rel(m[:, H * (j + 1):H * (j + 2)], ref_ds[j][i]) for j in range(len(ref_ds))] for i, m in enumerate(mine)]}
+        pos_hf, delta_hf = hf_rope_index(kw)
         ids = kw["input_ids"][0].tolist()
         spans = [(i, n) for i, n in zip([i for i in range(len(ids)) if ids[i] == IMAGE_TOKEN and (i == 0 or ids[i - 1] != IMAGE_TOKEN)],
                                         [t * h * w // 4 for t, h, w in grids])]
         pos, delta = Q.mrope_positions(len(ids), spans, grids, 2)
         b["positions_equal_get_rope_index"] = bool(torch.equal(pos, pos_hf[:, 0].cpu())) and delta == int(delta_hf)
-        logits_hf = hf(**kw).logits[0, -1]
+        logits_hf = hf(**hf_kw(kw)).logits[0].float()
+        # our prefill logits at every position, the step built as the engine builds it, over a scratch cache
+        from types import SimpleNamespace as NS
+        from litellama.attention import build_model_input
+        from litellama.model_runner import paged_kv_cache
+        from litellama.multimodal import image_embeds, mrope_step_positions
+        full, mm = ours.process_images(IP, raw, imgs, 1 << 20, DEV)
+        tc, nb = config.text_config, -(-len(full) // 16)
+        ours.bind_kv_cache(paged_kv_cache(tc.num_hidden_layers, nb, 16, tc.num_key_value_heads, tc.head_dim, DT, DEV))
+        mi = build_model_input([(full, 0, list(range(nb)))], 16, DEV)
+        mi.logits_indices = torch.arange(len(full), device=DEV)
+        seq = NS(num_computed_tokens=0, mm_inputs=mm)
+        mi.inputs_embeds, mi.positions = image_embeds(ours, mi.input_ids, [(seq, len(full))]), mrope_step_positions([(seq, len(full))], DEV)
+        logits = ours(mi).float()
+        b["expanded_ids_equal"] = full == ids
+        b["prefill_logits_max_abs_diff"] = (logits - logits_hf).abs().max().item()
+        b["prefill_logits_rel_diff"] = rel(logits, logits_hf)
+        b["prefill_top1_agreement"] = (logits.argmax(-1) == logits_hf.argmax(-1)).float().mean().item()
     eng = make_engine(4)
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     got = []
@@ -200,10 +239,9 @@ def _():
     while eng.has_unfinished_requests():
         for o in eng.step(): got += o.token_ids
     with torch.no_grad():
-        want = hf.generate(**kw, max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+        want = hf.generate(**hf_kw(kw), max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
     b["greedy_16_equal_prefix"] = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), len(want))
     b["greedy_ours"], b["greedy_hf"] = got, want
-    b["prefill_last_logits_hf_top1"] = int(logits_hf.argmax())
     b["prompt_tokens"] = len(ids)
     RES["b_parity"] = b
 
@@ -218,7 +256,7 @@ def _():
         grids = [tuple(int(v) for v in x) for x in px["image_grid_thw"]]
         with torch.no_grad():
             t_ours = timed(lambda: ours.embed_images(pv, grids), reps=3 if DRY else 5)
-            t_hf = timed(lambda: hf.model.get_image_features(pv, g), reps=3 if DRY else 5)
+            t_hf = timed(lambda: hf_image_features(pv, g), reps=3 if DRY else 5)
         RES.setdefault("c_vision_encoder_ms", {})[f"{w}x{h}"] = {"litellama": t_ours * 1e3, "hf": t_hf * 1e3, "speedup": t_hf / t_ours,
                                                                "patches": pv.shape[0]}
 
@@ -234,7 +272,7 @@ def _():
             while eng.has_unfinished_requests(): eng.step()
         kw, _ = hf_inputs(prompt_ids(), [random_image(w, h, 7)])
         def hf_once():
-            with torch.no_grad(): hf.generate(**kw, max_new_tokens=1, do_sample=False)
+            with torch.no_grad(): hf.generate(**hf_kw(kw), max_new_tokens=1, do_sample=False)
         t_ours, t_hf = timed(ours_once, reps=3), timed(hf_once, reps=3)
         RES.setdefault("c_ttft_ms", {})[f"{w}x{h}"] = {"litellama": t_ours * 1e3, "hf": t_hf * 1e3, "speedup": t_hf / t_ours,
                                                      "prompt_tokens": kw["input_ids"].shape[1],
@@ -269,7 +307,7 @@ def _():
                   pixel_values=torch.cat([k["pixel_values"] for k in kws]), image_grid_thw=torch.cat([k["image_grid_thw"] for k in kws]),
                   mm_token_type_ids=torch.cat([k["mm_token_type_ids"] for k in kws]))       # same sizes: equal lengths, no padding
         def hf_gen(n):
-            with torch.no_grad(): hf.generate(**kw, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            with torch.no_grad(): hf.generate(**hf_kw(kw), max_new_tokens=n, min_new_tokens=n, do_sample=False)
         hf_gen(2)
         t_first = timed(lambda: hf_gen(1), reps=2, warmup=0)
         t_full = timed(lambda: hf_gen(DECODE_TOKENS), reps=1, warmup=0)
@@ -285,6 +323,7 @@ for r in RES.get("a_processor", []): print("(a)", r)
 if "b_parity" in RES:
     b = RES["b_parity"]
     print(f"(b) features rel {b['features_rel_diff']}, deepstack rel {b['deepstack_rel_diff']}, positions equal {b['positions_equal_get_rope_index']}, "
+          f"prefill logits rel {b.get('prefill_logits_rel_diff', float('nan')):.3g} (top-1 agreement {b.get('prefill_top1_agreement', float('nan')):.3f}), "
           f"greedy equal for the first {b['greedy_16_equal_prefix']} of 16")
 rows = [(f"vision encoder {k}, ms", v) for k, v in RES.get("c_vision_encoder_ms", {}).items()]
 rows += [(f"TTFT {k}, ms", v) for k, v in RES.get("c_ttft_ms", {}).items()]

@@ -175,9 +175,10 @@ def qwen3_vl_config(like: str, image_token_id: int, vision_start_token_id: int, 
 
 def qwen3_vl_image_processor(like: str):
     "transformers' PIL image processor with Qwen3-VL's settings: 16-px patches, 2x2 merge (sizes multiples of 32), mean and std 0.5."
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    try: from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as Processor
+    except ImportError: from transformers import Qwen2VLImageProcessor as Processor      # a transformers without the PIL backend
     lo, hi = QWEN3_VL_SHAPES[like]["pixels"]
-    return Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+    return Processor(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
                                     size={"shortest_edge": lo, "longest_edge": hi})
 
 def qwen3_vl_tokenizer():
