@@ -9,7 +9,7 @@ __all__ = ['QWEN3_VL_CHAT_TEMPLATE', 'QWEN3_VL_SHAPES', 'image_positions', 'mrop
            'Qwen3VLForConditionalGeneration', 'qwen3_vl_key', 'qwen3_vl_config', 'qwen3_vl_image_processor',
            'qwen3_vl_tokenizer', 'random_weight', 'write_random_weights', 'make_qwen3_vl_checkpoint']
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #44d6f73d
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #c4b61610
 import json, math
 from pathlib import Path
 import torch
@@ -20,7 +20,7 @@ from .decoder import CausalLM, Qwen3ForCausalLM
 from .qwen3_vl_vision import Qwen3VLVisionModel
 from ..multimodal import ImageInput, MultiModalError, image_hash
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #14739463
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #7708e9fe
 def image_positions(start: int, grid, merge: int) -> torch.Tensor:
     "`[3, t*h*w/merge^2]` (time, height, width) positions of one image's tokens, its merged grid offset by `start`."
     t, h, w = (int(grid[0]), int(grid[1]) // merge, int(grid[2]) // merge)
@@ -40,7 +40,7 @@ def mrope_positions(num_tokens: int, spans, grids, merge: int):
     rows.append(torch.arange(prev, num_tokens).expand(3, -1) + shift)
     return torch.cat(rows, 1), shift
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #cf9ee62d
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #5d5d15b9
 def expand_images(ids: list, image_token_id: int, sizes: list):
     "`(ids with the i-th image placeholder repeated sizes[i] times, [(offset, length)] per image)`; already expanded runs are kept."
     pos = [i for i, t in enumerate(ids) if t == image_token_id]
@@ -59,7 +59,7 @@ def token_types(ids: list, image_token_id: int) -> list:
     "transformers' `mm_token_type_ids`: 1 for an image token, 0 for text."
     return [int(t == image_token_id) for t in ids]
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #ae34f917
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #1d48c2ce
 class Qwen3VLForConditionalGeneration(nn.Module):
     "Qwen3-VL: the vision encoder, a Qwen3 decoder with interleaved M-RoPE, DeepStack features added after its first layers."
     packed_modules, ignored_suffixes = CausalLM.packed_modules, CausalLM.ignored_suffixes
@@ -130,7 +130,7 @@ class Qwen3VLForConditionalGeneration(nn.Module):
     def route(self, name: str):
         return CausalLM.route(self, qwen3_vl_key(name))
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #4ea98fff
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #49b0c866
 _PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
              ("visual.", "visual."), ("language_model.model.", "language_model.model."), ("model.", "language_model.model."))
 
@@ -139,7 +139,7 @@ def qwen3_vl_key(name: str) -> str:
         if name.startswith(old): return new + name[len(old):]
     return name
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #16f80084
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #43d062f8
 QWEN3_VL_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['content'] is string %}{{ m['content'] }}"
     "{% else %}{% for p in m['content'] %}{% if p['type'] in ('image', 'image_url') %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
@@ -175,10 +175,9 @@ def qwen3_vl_config(like: str, image_token_id: int, vision_start_token_id: int, 
 
 def qwen3_vl_image_processor(like: str):
     "transformers' PIL image processor with Qwen3-VL's settings: 16-px patches, 2x2 merge (sizes multiples of 32), mean and std 0.5."
-    try: from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as Processor
-    except ImportError: from transformers import Qwen2VLImageProcessor as Processor      # a transformers without the PIL backend
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     lo, hi = QWEN3_VL_SHAPES[like]["pixels"]
-    return Processor(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+    return Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
                                     size={"shortest_edge": lo, "longest_edge": hi})
 
 def qwen3_vl_tokenizer():
@@ -189,7 +188,7 @@ def qwen3_vl_tokenizer():
     tok.chat_template = QWEN3_VL_CHAT_TEMPLATE
     return tok
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #0e0eb3b7
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #1969a084
 def random_weight(name: str, shape, generator) -> torch.Tensor:
     "A random tensor for checkpoint tensor `name`: norms near 1, biases small, matrices scaled by their fan-in."
     if "norm" in name: return 1 + 0.1 * torch.randn(shape, generator=generator)
