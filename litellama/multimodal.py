@@ -6,8 +6,8 @@ Docs: https://litellama.github.io/litellama/nbs/multimodal.html.md"""
 
 # %% auto #0
 __all__ = ['MultiModalError', 'decode_image', 'load_image', 'image_hash', 'parse_prompt', 'expand_image_tokens', 'ImageInput',
-           'load_image_processor', 'process_images', 'TokensWithImages', 'image_embeds', 'mrope_step_positions',
-           'chat_images']
+           'load_image_processor', 'process_images', 'TokensWithImages', 'expand_placeholders', 'image_embeds',
+           'mrope_step_positions', 'chat_images']
 
 # %% ../nbs/28_multimodal.ipynb #421cea98
 import base64, binascii, hashlib, io, warnings
@@ -134,6 +134,21 @@ class TokensWithImages(list):
     "Token ids, image placeholders already expanded, carrying their images (`.images`)."
     def __init__(self, ids, images):
         super().__init__(ids); self.images = list(images)
+
+# %% ../nbs/28_multimodal.ipynb #8a25b7e8
+def expand_placeholders(engine, ids: list, images: list) -> list:
+    "`ids` with each image placeholder expanded to that image's number of tokens, as the engine's request will hold them."
+    m = engine.model
+    if getattr(m, "num_image_tokens", None) is not None: return expand_image_tokens(ids, m.image_token_id, m.num_image_tokens, len(images))[0]
+    if getattr(engine, "image_processor", None) is None:
+        if engine.model_dir is None: raise MultiModalError("no image processor: give the engine a model_dir or set engine.image_processor")
+        engine.image_processor = load_image_processor(engine.model_dir)
+    counts = m.image_token_counts(engine.image_processor, images)
+    pos = [i for i, t in enumerate(ids) if t == m.image_token_id]
+    if len(pos) != len(images): raise MultiModalError(f"the prompt has {len(pos)} image placeholder(s) but {len(images)} image(s) were given")
+    out, prev = [], 0
+    for a, n in zip(pos, counts): out += ids[prev:a] + [m.image_token_id] * n; prev = a + 1
+    return out + ids[prev:]
 
 # %% ../nbs/28_multimodal.ipynb #57c430ba
 def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | None:

@@ -6,8 +6,9 @@ Docs: https://litellama.github.io/litellama/nbs/qwen3_vl_2_model.html.md"""
 
 # %% auto #0
 __all__ = ['QWEN3_VL_CHAT_TEMPLATE', 'QWEN3_VL_SHAPES', 'image_positions', 'mrope_positions', 'expand_images', 'token_types',
-           'Qwen3VLForConditionalGeneration', 'qwen3_vl_key', 'qwen3_vl_config', 'qwen3_vl_image_processor',
-           'qwen3_vl_tokenizer', 'random_weight', 'write_random_weights', 'make_qwen3_vl_checkpoint']
+           'Qwen3VLForConditionalGeneration', 'image_token_counts', 'qwen3_vl_key', 'qwen3_vl_config',
+           'qwen3_vl_image_processor', 'qwen3_vl_tokenizer', 'random_weight', 'write_random_weights',
+           'make_qwen3_vl_checkpoint']
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #c4b61610
 import json, math
@@ -129,6 +130,13 @@ class Qwen3VLForConditionalGeneration(nn.Module):
 
     def route(self, name: str):
         return CausalLM.route(self, qwen3_vl_key(name))
+
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #d7baeb37
+def image_token_counts(self, image_processor, images) -> list:
+    "Each image's number of tokens from its size alone (the image processor's resize rule), no pixel processed."
+    return [image_processor.get_number_of_image_patches(im.height, im.width, {}) // self.merge ** 2 for im in images]
+
+Qwen3VLForConditionalGeneration.image_token_counts = image_token_counts
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #49b0c866
 _PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
