@@ -172,20 +172,24 @@ def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | No
 # %% ../nbs/28_multimodal.ipynb #65b27069
 def mrope_step_positions(scheduled, device=None) -> torch.Tensor:
     "The step's positions for an M-RoPE model: `[T]` when no chunk holds image tokens (all three rows equal), else `[3, T]`."
+    import numpy as np
     parts, three = [], False
     for seq, n in scheduled:
-        s = seq.num_computed_tokens
-        idx = torch.arange(s, s + n)
-        rows, fill = idx.expand(3, -1).clone(), []
-        for im in seq.mm_inputs:                               # in prompt order: the last image before a token sets its shift
+        s, mm = seq.num_computed_tokens, seq.mm_inputs
+        if not mm or s >= mm[-1].offset + mm[-1].length:       # text after the last image (every decode): one shift
+            parts.append(np.arange(s, s + n) + (mm[-1].rope_shift if mm else 0)); continue
+        idx = np.arange(s, s + n)
+        rows = np.repeat(idx[None], 3, 0)
+        inside = False
+        for im in mm:                                          # in prompt order: the last image before a token sets its shift
             end = im.offset + im.length
             rows[:, idx >= end] = idx[idx >= end] + im.rope_shift
             a, b = max(s, im.offset), min(s + n, end)
-            if a < b: fill.append((a - s, b - s, im.positions[:, a - im.offset:b - im.offset]))
-        for a, b, p in fill: rows[:, a:b] = p
-        three |= bool(fill); parts.append(rows)
-    pos = torch.cat(parts, 1) if parts else torch.zeros(3, 0, dtype=torch.int64)
-    return (pos if three else pos[0].contiguous()).to(device or "cpu")
+            if a < b: rows[:, a - s:b - s] = im.positions[:, a - im.offset:b - im.offset].numpy(); inside = True
+        parts.append(rows if inside else rows[0]); three |= inside
+    if three: parts = [p if p.ndim == 2 else np.repeat(p[None], 3, 0) for p in parts]
+    pos = np.concatenate(parts, -1) if parts else np.zeros(0, dtype=np.int64)
+    return torch.from_numpy(pos.astype(np.int64)).to(device or "cpu")
 
 # %% ../nbs/28_multimodal.ipynb #674484fc
 def chat_images(messages: list, allowed_dir=None):
