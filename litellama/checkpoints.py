@@ -110,6 +110,7 @@ SHAPES = {**{f"tiny-{k}": v for k, v in TINY_CONFIGS.items()}, **REAL_SHAPES}
 
 # %% ../nbs/06_checkpoints.ipynb #a23e0006
 VLM_SHAPES = ("tiny-llava", "llava-1.5-7b")   # written by `models.llava.make_llava_checkpoint`, processor files included
+VLM_SHAPES += ("tiny-qwen3-vl", "qwen3-vl-4b")  # by `models.qwen3_vl.make_qwen3_vl_checkpoint`
 
 # %% ../nbs/06_checkpoints.ipynb #f3e1a20d
 MOE_SHAPES = {   # Qwen3-MoE (nbs/04b_qwen3_moe): a tiny one with a dense layer for tests, and Qwen3-30B-A3B's shape
@@ -132,8 +133,9 @@ def make_random_checkpoint(like: str, out_dir, dtype=torch.bfloat16, seed: int =
     from transformers import AutoConfig, AutoModelForCausalLM
     from safetensors.torch import save_file
     if like in VLM_SHAPES:                     # vision-language shapes live with their model
-        from litellama.models.llava import make_llava_checkpoint
-        return make_llava_checkpoint(like, out_dir, dtype=dtype, seed=seed, shard_bytes=shard_bytes)
+        if "qwen3-vl" in like: from litellama.models.qwen3_vl import make_qwen3_vl_checkpoint as make
+        else: from litellama.models.llava import make_llava_checkpoint as make
+        return make(like, out_dir, dtype=dtype, seed=seed, shard_bytes=shard_bytes)
     if like not in SHAPES: raise ValueError(f"unknown shape '{like}'; known: {', '.join([*SHAPES, *VLM_SHAPES])}")
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer()

@@ -16,7 +16,7 @@ from .attention import AttentionMetadata, ModelInput, build_model_input
 from .kernels.decode_attention import SplitPlanner
 from .layers import head_dim
 from .scheduler import SchedulerOutput
-from .multimodal import image_embeds
+from .multimodal import image_embeds, mrope_step_positions
 
 # %% ../nbs/11_model_runner.ipynb #cd3857a0
 def kv_bytes_per_token(config, dtype) -> int:
@@ -142,6 +142,7 @@ class ModelRunner:
             mi.input_ids = torch.where(ids < 0, prev_token_ids[(-1 - ids).clamp_(min=0)], ids)
         if any(seq.mm_inputs for seq, _ in plan.scheduled):
             mi.inputs_embeds = image_embeds(self.model, mi.input_ids, plan.scheduled)   # None when no image token runs
+            if getattr(self.model, "uses_mrope", False): mi.positions = mrope_step_positions(plan.scheduled, self.device)
         if mi.attn.num_prefills == 0 and mi.inputs_embeds is None and self.graph_size(len(mi.input_ids)) is not None:
             return self._replay(mi)
         return self.model(mi)

@@ -6,7 +6,8 @@ Docs: https://litellama.github.io/litellama/nbs/multimodal.html.md"""
 
 # %% auto #0
 __all__ = ['MultiModalError', 'decode_image', 'load_image', 'image_hash', 'parse_prompt', 'expand_image_tokens', 'ImageInput',
-           'load_image_processor', 'process_images', 'TokensWithImages', 'image_embeds', 'chat_images']
+           'load_image_processor', 'process_images', 'TokensWithImages', 'expand_placeholders', 'image_embeds',
+           'mrope_step_positions', 'chat_images']
 
 # %% ../nbs/28_multimodal.ipynb #421cea98
 import base64, binascii, hashlib, io, warnings
@@ -70,8 +71,12 @@ def parse_prompt(prompt: dict):
 
 # %% ../nbs/28_multimodal.ipynb #2592f8ce
 def expand_image_tokens(ids: list, image_token_id: int, num_tokens: int, num_images: int):
-    "`(expanded ids, [(offset, length)] per image)`; raises unless the prompt has one placeholder per image."
+    """`(expanded ids, [(offset, length)] per image)`; raises unless the prompt has one placeholder per image.
+    `num_tokens=None` (a model whose image sizes decide their token counts) only checks the placeholders: the model expands them."""
     pos = [i for i, t in enumerate(ids) if t == image_token_id]
+    if num_tokens is None:
+        if len(pos) != num_images: raise MultiModalError(f"the prompt has {len(pos)} image placeholder(s) but {num_images} image(s) were given")
+        return list(ids), [(p, 1) for p in pos]
     if num_images and len(pos) == num_images * num_tokens:          # already expanded: runs of whole images
         spans = [(p, num_tokens) for p in pos[::num_tokens]]
         if all(ids[o:o + n] == [image_token_id] * n for o, n in spans): return list(ids), spans
@@ -87,11 +92,15 @@ def expand_image_tokens(ids: list, image_token_id: int, num_tokens: int, num_ima
 # %% ../nbs/28_multimodal.ipynb #8e4bd517
 @dataclass(eq=False)
 class ImageInput:
-    "One image of a request: its token span in the prompt, its content hash, its features `[length, hidden]`."
+    """One image of a request: its token span in the prompt, its content hash, its features `[length, width]`.
+    A model with three-row positions (M-RoPE, Qwen3-VL) also gives each image its tokens' `positions` `[3, length]` and the
+    `rope_shift` of the text after it (its position minus its index in the prompt)."""
     offset: int
     length: int
     hash: str
     features: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    rope_shift: int = 0
 
 def load_image_processor(model_dir):
     "transformers' image processor of the checkpoint in `model_dir` (the PIL backend when torchvision is absent)."
@@ -107,7 +116,8 @@ def load_image_processor(model_dir):
 
 @torch.inference_mode()
 def process_images(model, image_processor, ids: list, images: list, max_model_len: int, device=None):
-    "`(expanded ids, tuple of ImageInput with features)` for a prompt of `ids` with `images`."
+    "`(expanded ids, tuple of ImageInput with features)` for a prompt of `ids` with `images`; a model with its own `process_images` does it all."
+    if hasattr(model, "process_images"): return model.process_images(image_processor, list(ids), images, max_model_len, device)
     n = model.num_image_tokens
     ids, spans = expand_image_tokens(list(ids), model.image_token_id, n, len(images))
     if len(ids) >= max_model_len:
@@ -125,9 +135,25 @@ class TokensWithImages(list):
     def __init__(self, ids, images):
         super().__init__(ids); self.images = list(images)
 
+# %% ../nbs/28_multimodal.ipynb #8a25b7e8
+def expand_placeholders(engine, ids: list, images: list) -> list:
+    "`ids` with each image placeholder expanded to that image's number of tokens, as the engine's request will hold them."
+    m = engine.model
+    if getattr(m, "num_image_tokens", None) is not None: return expand_image_tokens(ids, m.image_token_id, m.num_image_tokens, len(images))[0]
+    if getattr(engine, "image_processor", None) is None:
+        if engine.model_dir is None: raise MultiModalError("no image processor: give the engine a model_dir or set engine.image_processor")
+        engine.image_processor = load_image_processor(engine.model_dir)
+    counts = m.image_token_counts(engine.image_processor, images)
+    pos = [i for i, t in enumerate(ids) if t == m.image_token_id]
+    if len(pos) != len(images): raise MultiModalError(f"the prompt has {len(pos)} image placeholder(s) but {len(images)} image(s) were given")
+    out, prev = [], 0
+    for a, n in zip(pos, counts): out += ids[prev:a] + [m.image_token_id] * n; prev = a + 1
+    return out + ids[prev:]
+
 # %% ../nbs/28_multimodal.ipynb #57c430ba
 def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | None:
-    "The step's `inputs_embeds` `[T, hidden]` with image features at their rows, or None when no scheduled chunk holds image tokens."
+    """The step's `inputs_embeds` `[T, hidden]` with image features at their rows, or None when no scheduled chunk holds image tokens.
+    Features wider than `hidden` (Qwen3-VL's DeepStack features follow the merged ones) widen every row, text rows with zeros."""
     rows, srcs, row0 = [], [], 0
     for seq, n in scheduled:
         start = seq.num_computed_tokens
@@ -138,9 +164,32 @@ def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | No
                 srcs.append(im.features[a - im.offset:b - im.offset])
         row0 += n
     if not rows: return None
-    emb = model.embed_input_ids(input_ids)
-    emb[torch.cat(rows).to(emb.device)] = torch.cat(srcs).to(emb.dtype)
+    emb, src = model.embed_input_ids(input_ids), torch.cat(srcs)
+    if src.shape[-1] > emb.shape[-1]: emb = torch.cat([emb, emb.new_zeros(len(emb), src.shape[-1] - emb.shape[-1])], -1)
+    emb[torch.cat(rows).to(emb.device)] = src.to(emb.dtype)
     return emb
+
+# %% ../nbs/28_multimodal.ipynb #65b27069
+def mrope_step_positions(scheduled, device=None) -> torch.Tensor:
+    "The step's positions for an M-RoPE model: `[T]` when no chunk holds image tokens (all three rows equal), else `[3, T]`."
+    import numpy as np
+    parts, three = [], False
+    for seq, n in scheduled:
+        s, mm = seq.num_computed_tokens, seq.mm_inputs
+        if not mm or s >= mm[-1].offset + mm[-1].length:       # text after the last image (every decode): one shift
+            parts.append(np.arange(s, s + n) + (mm[-1].rope_shift if mm else 0)); continue
+        idx = np.arange(s, s + n)
+        rows = np.repeat(idx[None], 3, 0)
+        inside = False
+        for im in mm:                                          # in prompt order: the last image before a token sets its shift
+            end = im.offset + im.length
+            rows[:, idx >= end] = idx[idx >= end] + im.rope_shift
+            a, b = max(s, im.offset), min(s + n, end)
+            if a < b: rows[:, a - s:b - s] = im.positions[:, a - im.offset:b - im.offset].numpy(); inside = True
+        parts.append(rows if inside else rows[0]); three |= inside
+    if three: parts = [p if p.ndim == 2 else np.repeat(p[None], 3, 0) for p in parts]
+    pos = np.concatenate(parts, -1) if parts else np.zeros(0, dtype=np.int64)
+    return torch.from_numpy(pos.astype(np.int64)).to(device or "cpu")
 
 # %% ../nbs/28_multimodal.ipynb #674484fc
 def chat_images(messages: list, allowed_dir=None):

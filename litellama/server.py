@@ -523,7 +523,7 @@ def chat_prompt_ids(st, engine, messages, tools=None) -> list:
     remote URLs are refused (nothing is fetched). Every problem is a 400 naming it."""
     if not any(isinstance(m.content, list) and any(p.type == "image_url" for p in m.content) for m in messages):
         return prompt_ids(engine, chat_prompt(engine.tokenizer, messages, tools=tools), chat=True)
-    from litellama.multimodal import TokensWithImages, chat_images, expand_image_tokens
+    from litellama.multimodal import TokensWithImages, chat_images, expand_placeholders
     model = engine.model
     if not hasattr(model, "embed_images"): raise APIError("this model is text-only: it takes no images", param="messages")
     dicts = [{"role": "system" if m.role == "developer" else m.role, "content": m.content if not isinstance(m.content, list)
@@ -533,8 +533,7 @@ def chat_prompt_ids(st, engine, messages, tools=None) -> list:
     msgs, kw = with_tools(engine.tokenizer, msgs, tools)
     try: text = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
     except Exception as e: raise APIError(f"could not apply the chat template: {e}", param="messages") from None
-    try: ids, _ = expand_image_tokens(engine.tokenizer.encode(text, add_special_tokens=False), model.image_token_id,
-                                      model.num_image_tokens, len(images))
+    try: ids = expand_placeholders(engine, engine.tokenizer.encode(text, add_special_tokens=False), images)
     except ValueError as e: raise APIError(str(e), param="messages") from None
     return TokensWithImages(ids, images)
 

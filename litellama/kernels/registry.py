@@ -94,6 +94,12 @@ OPS = OPS + QUANT_OPS
 BACKENDS["triton"].impls.update({op: _K + f"quant_gemm:{op}" for op in QUANT_OPS})
 BACKENDS["torch"].impls.update({op: _K + f"quant_gemm:{op}_ref" for op in QUANT_OPS})
 
+# %% ../../kernels_nb/01_registry.ipynb #aedf9e0f
+# three-row (M-RoPE) positions, Qwen3-VL: each token's cos|sin row gathered once per step (kernels_nb/03_rope)
+OPS = OPS + ("mrope_cos_sin",)
+BACKENDS["triton"].impls["mrope_cos_sin"] = _K + "rope:mrope_cos_sin"
+BACKENDS["torch"].impls["mrope_cos_sin"] = _K + "rope:mrope_cos_sin_ref"
+
 # %% ../../kernels_nb/01_registry.ipynb #59fe5bd5
 def _env_choice(op):
     "The backend forced for `op` by the environment, and the variable that forced it."

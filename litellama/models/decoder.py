@@ -154,6 +154,9 @@ MODEL_TYPES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qw
 LAZY_MODELS = {"Qwen3MoeForCausalLM": ("qwen3_moe", "litellama.models.qwen3_moe"),   # architecture: (model_type, module)
                "LlavaForConditionalGeneration": ("llava", "litellama.models.llava")}
 
+# %% ../../nbs/04_models.ipynb #116cb399
+LAZY_MODELS["Qwen3VLForConditionalGeneration"] = ("qwen3_vl", "litellama.models.qwen3_vl")   # nbs/30_qwen3_vl
+
 # %% ../../nbs/04_models.ipynb #8033f88d
 def model_class(config):
     "The class serving `config`, by `architectures` first, then `model_type`; a clear error otherwise."
