@@ -81,7 +81,7 @@ class Qwen3VLVisionModel(nn.Module):
         self.side = int(vc.num_position_embeddings ** 0.5)
         hd = H // vc.num_heads
         theta = (getattr(vc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, hd // 2, 2, dtype=torch.float32) / (hd // 2)))
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, hd // 2, 2, dtype=torch.float32, device="cpu") / (hd // 2)))
         self.blocks = nn.ModuleList(VisionBlock(vc, dtype, device) for _ in range(vc.depth))
         self.merger = PatchMerger(vc, False, dtype, device)
         self.deepstack_visual_indexes = list(vc.deepstack_visual_indexes)
@@ -90,8 +90,8 @@ class Qwen3VLVisionModel(nn.Module):
     def _block_order(self, h: int, w: int):
         "Row and column of each patch in the processor's order: 2x2 merge blocks in raster order, raster inside each."
         m = self.merge
-        r = torch.arange(h).view(h // m, 1, m, 1).expand(-1, w // m, -1, m).reshape(-1)
-        c = torch.arange(w).view(1, w // m, 1, m).expand(h // m, -1, m, -1).reshape(-1)
+        r = torch.arange(h, device="cpu").view(h // m, 1, m, 1).expand(-1, w // m, -1, m).reshape(-1)
+        c = torch.arange(w, device="cpu").view(1, w // m, 1, m).expand(h // m, -1, m, -1).reshape(-1)
         return r, c
 
     def pos_embeds(self, grids) -> torch.Tensor:
