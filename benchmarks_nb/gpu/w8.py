@@ -15,7 +15,7 @@ Every kernel variant launched here compiles for sm_90 on a CPU first: benchmarks
     PYTHONPATH=. python3 benchmarks_nb/gpu/w8.py $OUT            # on the GPU: writes $OUT/w8.json
     PYTHONPATH=. python3 benchmarks_nb/gpu/w8.py /tmp --dry-run  # on a CPU: tiny shapes, Triton interpreter
 """
-import gc, json, math, os, sys, time
+import statistics, gc, json, math, os, sys, time
 from pathlib import Path
 
 DRY = "--dry-run" in sys.argv
@@ -321,14 +321,14 @@ def engine_part(scheme):
     st = eng.stats
     r["kv_capacity_tokens"] = (st() if callable(st) else st).kv_capacity_tokens
     runs = []
-    for seed in range(3):                                 # the first warms up
+    for seed in range(2 if DRY else 5):                   # the first warms up; the median of the others
         prompt = torch.randint(0, 10000 if not DRY else 300, (PROMPT,), generator=torch.Generator().manual_seed(seed)).tolist()
         eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=GEN, ignore_eos=True))
         times = []
         while eng.has_unfinished_requests():
             outs = eng.step(); times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
         runs.append((times[-1] - times[0]) / (len(times) - 1) * 1e3)
-    r["tpot_ms"], r["tpot_runs_ms"] = sorted(runs[1:])[len(runs[1:]) // 2], runs
+    r["tpot_ms"], r["tpot_runs_ms"] = statistics.median(runs[1:]), runs
     pre = []
     for seed in range(3):                                 # one prompt of PREFILL tokens, one step; the first warms up
         prompt = torch.randint(0, 10000 if not DRY else 300, (PREFILL,), generator=torch.Generator().manual_seed(10 + seed)).tolist()
