@@ -217,7 +217,7 @@ def _echo(pieces):
     print()
 
 def _add_vl_chat(sub):
-    v = sub.add_parser("vl-chat", help="chat about images with a vision-language model (LLaVA)"); _engine_args(v); _sampling_args(v, 512)
+    v = sub.add_parser("vl-chat", help="chat about images with a vision-language model (LLaVA-1.5, Qwen3-VL)"); _engine_args(v); _sampling_args(v, 512)
     v.add_argument("--image", action="append", required=True, help="an image file (repeat for several)")
     v.add_argument("--prompt", default=None, help="one question, answered streamed (default: interactive)")
     v.add_argument("--system", default=None); v.set_defaults(fn=cmd_vl_chat)

@@ -127,7 +127,7 @@ class VisionGenerator:
     def __init__(self, model=None, dtype="auto", device="auto", **engine_options):
         self.llm = LLM(model, dtype, device, **engine_options)
         if not hasattr(self.llm.engine.model, "embed_images"):
-            raise ValueError(f"{self.llm.model_dir} is a text-only model; VisionGenerator needs a vision-language model (LLaVA)")
+            raise ValueError(f"{self.llm.model_dir} is a text-only model; VisionGenerator needs a vision-language model (LLaVA-1.5 or Qwen3-VL)")
 
     @staticmethod
     def messages(prompt: str, images=()) -> list:

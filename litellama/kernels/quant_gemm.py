@@ -277,14 +277,47 @@ W8A16_CONFIGS = {     # launch parameters on a GPU, per path; "gemv": M = 1, "sk
     "tiled":         dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
     "tiled_small":   dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
 }
-# (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path], from the GPU sweep (benchmarks_nb/gpu/w8.py prints it).
-# The H200 sweep of the decode kernel (benchmarks_nb/results/w8.json, Qwen3-8B's projections, CUDA-graph replay) measured
-# int8 only (fp8 did not compile then); fp8 takes the same tiles: both stream one byte per weight.
-_MEASURED = {"gemv": {(6144, 4096): (8, 512), (4096, 4096): (4, 1024), (24576, 4096): (8, 512), (4096, 12288): (8, 512)},
-             "skinny4": {(6144, 4096): (32, 256), (4096, 4096): (32, 256), (24576, 4096): (32, 256), (4096, 12288): (32, 256)}}
-W8A16_TUNED = {(p + blk, kind, N, K): dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3)
-               for path, shapes in _MEASURED.items() for (N, K), (bn, bk) in shapes.items()
-               for kind in ("int8", "fp8") for p, blk in ((path, ""), (path, "_block"))}
+# (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path] on Qwen3-8B's projections and LM head.
+W8A16_TUNED = {   # (path, kind, N, K) -> config: the H200 sweep of benchmarks_nb/gpu/w8.py (results/w8.json)
+    ('gemv', 'fp8', 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3, SPLIT_K=1),
+    ('gemv', 'fp8', 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
+    ('gemv', 'fp8', 6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
+    ('gemv', 'fp8', 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
+    ('gemv', 'fp8', 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
+    ('gemv', 'int8', 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
+    ('gemv', 'int8', 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
+    ('gemv', 'int8', 6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
+    ('gemv', 'int8', 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
+    ('gemv', 'int8', 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
+    ('gemv_block', 'fp8', 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
+    ('gemv_block', 'fp8', 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
+    ('gemv_block', 'fp8', 6144, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3, SPLIT_K=1),
+    ('gemv_block', 'fp8', 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
+    ('gemv_block', 'fp8', 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
+    ('skinny', 'fp8', 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny', 'fp8', 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny', 'fp8', 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny', 'fp8', 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny', 'fp8', 151936, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny', 'int8', 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny', 'int8', 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny', 'int8', 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny', 'int8', 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny', 'int8', 151936, 4096): dict(BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=3),
+    ('skinny4', 'fp8', 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny4', 'fp8', 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny4', 'fp8', 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny4', 'int8', 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny4', 'int8', 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny4', 'int8', 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, SPLIT_K=1),
+    ('skinny4', 'int8', 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, SPLIT_K=1),
+    ('skinny4', 'int8', 151936, 4096): dict(BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=3),
+    ('skinny_block', 'fp8', 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny_block', 'fp8', 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny_block', 'fp8', 6144, 4096): dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3),
+    ('skinny_block', 'fp8', 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+    ('skinny_block', 'fp8', 151936, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+}
 INTERPRET_CONFIGS = {
     "gemv": dict(BLOCK_N=8, BLOCK_K=32), "gemv_block": dict(BLOCK_N=8, BLOCK_K=32), "skinny": dict(BLOCK_N=16, BLOCK_K=32),
     "skinny4": dict(BLOCK_N=16, BLOCK_K=32), "skinny4_block": dict(BLOCK_N=16, BLOCK_K=32),
