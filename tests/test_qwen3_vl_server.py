@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("fastapi"); pytest.importorskip("uvicorn"); pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-from tests.test_vision_server import _free_port, _png
+from test_vision_server import _free_port, _png   # pytest puts tests/ on the path
 
 KEY, MODEL = "sk-test", "tiny-qwen3-vl"
 
