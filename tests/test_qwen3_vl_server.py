@@ -1,13 +1,13 @@
 """Qwen3-VL through the OpenAI-compatible server: a tiny random Qwen3-VL checkpoint served by uvicorn in a subprocess,
 two base64 images of different sizes in one message sent by the official `openai` client; the reply equals what
 `LLM.chat` answers in-process for the same images."""
-import base64, os, subprocess, sys, tempfile, time
+import base64, tempfile
 import pytest
 
 pytest.importorskip("fastapi"); pytest.importorskip("uvicorn"); pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-from test_vision_server import _free_port, _png   # pytest puts tests/ on the path
+from test_vision_server import _png, served   # pytest puts tests/ on the path
 
 KEY, MODEL = "sk-test", "tiny-qwen3-vl"
 
@@ -21,24 +21,8 @@ def ckpt():
 
 @pytest.fixture(scope="module")
 def client(ckpt):
-    port, log = _free_port(), open(os.path.join(ckpt, "server.log"), "w")
-    code = (f"import sys; from litellama.server import serve; "
-            f"sys.exit(serve({str(ckpt)!r}, host='127.0.0.1', port={port}, api_key={KEY!r}, served_model_name={MODEL!r}, "
-            f"dtype='float32', device='cpu', num_kv_blocks=256))")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None: raise RuntimeError(f"server exited with {proc.returncode}; log: {log.name}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200: break
-        except httpx.HTTPError: pass
-        time.sleep(0.1)
-    else: proc.kill(); raise RuntimeError("server did not start within 60 s")
-    yield openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-    proc.terminate()
-    try: proc.wait(30)
-    except subprocess.TimeoutExpired: proc.kill()
-    log.close()
+    for url in served(ckpt, MODEL):
+        yield openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 def _url(png): return "data:image/png;base64," + base64.b64encode(png).decode()

@@ -24,13 +24,13 @@ def dirs():
     return d, media
 
 
-@pytest.fixture(scope="module")
-def server(dirs):
-    d, media = dirs
-    port, log = _free_port(), open(os.path.join(d, "server.log"), "w")
+def served(model_dir, model_name, **serve_kw):
+    "Run `litellama.server.serve` on `model_dir` in a subprocess (float32, CPU); yield its URL once /health answers, then stop it."
+    port, log = _free_port(), open(os.path.join(model_dir, "server.log"), "w")
+    kw = "".join(f", {k}={v!r}" for k, v in serve_kw.items())
     code = (f"import sys; from litellama.server import serve; "
-            f"sys.exit(serve({d!r}, host='127.0.0.1', port={port}, api_key={KEY!r}, served_model_name={MODEL!r}, "
-            f"allowed_local_media_path={media!r}, dtype='float32', device='cpu', num_kv_blocks=256))")
+            f"sys.exit(serve({str(model_dir)!r}, host='127.0.0.1', port={port}, api_key={KEY!r}, served_model_name={model_name!r}"
+            f"{kw}, dtype='float32', device='cpu', num_kv_blocks=256))")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -45,6 +45,12 @@ def server(dirs):
     try: proc.wait(30)
     except subprocess.TimeoutExpired: proc.kill()
     log.close()
+
+
+@pytest.fixture(scope="module")
+def server(dirs):
+    d, media = dirs
+    yield from served(d, MODEL, allowed_local_media_path=media)
 
 
 @pytest.fixture(scope="module")
