@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.7.1
 export TRITON_INTERPRET ?= 1
 
-.PHONY: demo test export check-sync nbtest pytest soak browser docs clean
+.PHONY: demo test export check-sync lint nbtest pytest soak browser docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,7 @@ demo: $(VENV)/.demo
 # README.md is generated from nbs/index.ipynb.
 export: $(VENV)/.dev
 	$(BIN)/nbdev-export
+	$(BIN)/ruff format -q litellama
 	$(BIN)/jupyter nbconvert --to markdown --stdout nbs/index.ipynb 2>/dev/null > README.md
 
 # Notebooks are the source: cleaning and exporting them must change nothing, untracked files included.
@@ -38,6 +39,11 @@ check-sync: $(VENV)/.dev
 	@if [ -n "$$(git status --porcelain)" ]; then \
 	  echo "Notebooks and package disagree (edit the notebook, then run nbdev-export):"; \
 	  git status --porcelain; exit 1; fi
+
+# The house lint rules ([tool.ruff] in pyproject.toml) on the exported package; export formats it.
+lint: $(VENV)/.dev
+	$(BIN)/ruff check litellama
+	$(BIN)/ruff format --check litellama
 
 nbtest: $(VENV)/.dev
 	$(BIN)/nbdev-test --n-workers 2 --timing
@@ -61,7 +67,7 @@ pytest: browser $(VENV)/.dev
 soak: browser $(VENV)/.dev
 	$(BIN)/pytest -q -m slow tests/test_server.py
 
-test: check-sync nbtest pytest
+test: check-sync lint nbtest pytest
 
 # The documentation site: every notebook executed and rendered to docs/ (offline, no Quarto).
 docs: $(VENV)/.dev

@@ -9,10 +9,3 @@ __all__ = []
 
 # %% ../nbs/01_api.ipynb #5506874e
 __version__ = "0.1.0"
-
-# %% ../nbs/01_api.ipynb #99d0afb7
-from .sampling import SamplingParams
-from .engine import ContinuousBatchingEngine, StepOutput
-from .llm import LLM, TextGenerator, RequestOutput, CompletionOutput
-from .async_engine import AsyncLLMEngine
-from .kernels.registry import explain_selection
