@@ -12,7 +12,6 @@ __all__ = [
     "SHAPES",
     "VLM_SHAPES",
     "MOE_SHAPES",
-    "cache_dir",
     "bundled_gguf",
     "convert_gguf",
     "default_model_dir",
@@ -32,14 +31,7 @@ from pathlib import Path
 
 import torch
 
-
-# %% ../nbs/06_checkpoints.ipynb #2a72a819
-def cache_dir() -> Path:
-    "litellama's cache: `$LITELLAMA_CACHE`, else `$XDG_CACHE_HOME/litellama`, else `~/.cache/litellama`."
-    if os.environ.get("LITELLAMA_CACHE"):
-        return Path(os.environ["LITELLAMA_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "litellama"
-
+from .utils import cache_dir
 
 # %% ../nbs/06_checkpoints.ipynb #ce37c277
 BUNDLED_NAME = "SmolLM2-135M-Instruct"

@@ -30,7 +30,8 @@ from . import distributed as D
 from .distributed import DistributedError
 from .model_runner import ModelRunner, paged_kv_cache
 from .parallel_layers import load_sharded_model
-from .sampling import SamplingTensors, sample_on_device, uniform_noise
+from .kernels.reference import uniform_noise
+from .sampling import SamplingTensors, sample_on_device
 from .scheduler import SchedulerOutput
 
 

@@ -9,7 +9,6 @@ __all__ = [
     "SEED_RANGE",
     "INT_LIMIT",
     "SamplingParams",
-    "uniform_noise",
     "SamplingTensors",
     "uses_history",
     "unpack_bitmask",
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .kernels.reference import uniform_noise
 from .kernels.registry import ops
 
 
@@ -133,28 +133,6 @@ def _check_bias(bias):
             raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {t}")
         out[t] = float(v)
     return out
-
-
-# %% ../nbs/07_sampling.ipynb #6d949381
-_M32 = 0xFFFFFFFF
-
-
-def _mix32(h: torch.Tensor) -> torch.Tensor:
-    "murmur3's 32-bit finaliser on int64 tensors holding values in [0, 2**32)."
-    h = h ^ (h >> 16)
-    h = (h * 0x85EBCA6B) & _M32
-    h = h ^ (h >> 13)
-    h = (h * 0xC2B2AE35) & _M32
-    return h ^ (h >> 16)
-
-
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int | torch.Tensor) -> torch.Tensor:
-    """`[S, vocab]` uniforms in (0, 1), a pure function of each row's `(seed, step)` and the column; `vocab` may also be
-    the column ids wanted (a tensor-parallel rank's slice of the vocabulary)."""
-    row = _mix32((_mix32(seeds & _M32) ^ (steps * 0x9E3779B9)) & _M32)
-    cols = vocab if isinstance(vocab, torch.Tensor) else torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    h = _mix32(_mix32((row[:, None] ^ (cols[None] * 0x27D4EB2F)) & _M32) ^ (seeds[:, None] >> 32))
-    return ((h >> 9).float() + 0.5) / float(1 << 23)  # 23 bits: exact in float32, so u < 1 always
 
 
 # %% ../nbs/07_sampling.ipynb #e08484d0

@@ -263,7 +263,7 @@ def test_overlapped_sampling_same_as_step_by_step(tmp_path):
 
 def test_gumbel_argmax_matches_reference():
     from litellama.kernels import gumbel
-    from litellama.sampling import uniform_noise
+    from litellama.kernels.reference import uniform_noise
     for S in (1, 7, 256):
         logits = torch.randn(S, 151936, device="cuda") * 4
         args = (torch.rand(S, device="cuda") + 0.3, torch.randint(0, 2**62, (S,), device="cuda"), torch.randint(0, 2**20, (S,), device="cuda"))

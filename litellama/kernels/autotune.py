@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoints import cache_dir
+from ..utils import cache_dir
 
 
 # %% ../../kernels_nb/08_autotune.ipynb #23696f59

@@ -18,7 +18,7 @@ from . import autotune, reference
 # %% ../../kernels_nb/11_gumbel.ipynb #403b65f4
 @triton.jit
 def _mix32(h):
-    "murmur3's 32-bit finaliser, as `sampling._mix32`, on uint32 values: the multiplications wrap modulo 2**32 by themselves."
+    "murmur3's 32-bit finaliser, as `reference._mix32`, on uint32 values: the multiplications wrap modulo 2**32 by themselves."
     h = h ^ (h >> 16)
     h = h * 0x85EBCA6B
     h = h ^ (h >> 13)

@@ -18,6 +18,7 @@ __all__ = [
     "gather_kv",
     "prefill_attention",
     "decode_attention",
+    "uniform_noise",
     "gumbel_argmax",
 ]
 
@@ -193,12 +194,33 @@ def decode_attention(
     return out[:, :, 0].to(q.dtype)
 
 
+# %% ../../kernels_nb/00_reference.ipynb #6d949381
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    "murmur3's 32-bit finaliser on int64 tensors holding values in [0, 2**32)."
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int | torch.Tensor) -> torch.Tensor:
+    """`[S, vocab]` uniforms in (0, 1), a pure function of each row's `(seed, step)` and the column; `vocab` may also be
+    the column ids wanted (a tensor-parallel rank's slice of the vocabulary)."""
+    row = _mix32((_mix32(seeds & _M32) ^ (steps * 0x9E3779B9)) & _M32)
+    cols = vocab if isinstance(vocab, torch.Tensor) else torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    h = _mix32(_mix32((row[:, None] ^ (cols[None] * 0x27D4EB2F)) & _M32) ^ (seeds[:, None] >> 32))
+    return ((h >> 9).float() + 0.5) / float(1 << 23)  # 23 bits: exact in float32, so u < 1 always
+
+
 # %% ../../kernels_nb/00_reference.ipynb #536730ef
 def gumbel_argmax(
     logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
 ) -> torch.Tensor:
     "Per row of `logits` `[S, V]`, `argmax(logits / T - log(-log(u)))` with `u = uniform_noise(seeds, steps)`; rows with `T = 0` are undefined."
-    from litellama.sampling import uniform_noise
 
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))[:, None]
     return (logits.float() / t - (-uniform_noise(seeds, steps, logits.shape[-1]).log()).log()).argmax(-1)
