@@ -9,3 +9,10 @@ __all__ = []
 
 # %% ../nbs/01_api.ipynb #5506874e
 __version__ = "0.1.0"
+
+# %% ../nbs/01_api.ipynb #99d0afb7
+from .async_engine import AsyncLLMEngine
+from .engine import ContinuousBatchingEngine, StepOutput
+from .kernels.registry import explain_selection
+from .llm import LLM, CompletionOutput, RequestOutput, TextGenerator
+from .sampling import SamplingParams
