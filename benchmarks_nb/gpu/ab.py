@@ -8,10 +8,14 @@ import json, os, subprocess, sys, time
 from pathlib import Path
 
 CHILD = r'''
-import json, sys, torch
-from litellama.checkpoints import make_random_checkpoint
-from litellama.llm import LLM
-from litellama import bench
+import importlib, json, sys, torch
+def first(*names):  # the module under its name in the tree on the path (the package moved into folders)
+    for n in names:
+        try: return importlib.import_module("litellama." + n)
+        except ModuleNotFoundError: pass
+    raise ModuleNotFoundError(names)
+LLM = first("entrypoints" + ".llm", "llm").LLM
+bench = first("benchmarks" + ".harness", "bench")
 kv, path = sys.argv[1], sys.argv[2]
 if kv == "kernels":
     print("RESULT " + json.dumps(dict(kv=kv, kernels=bench.kernel_suite())), flush=True); raise SystemExit
@@ -34,8 +38,14 @@ def main():
     trees = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 1
     sys.path.insert(0, str(Path(next(iter(trees.values()))).resolve()))
-    from litellama.checkpoints import make_random_checkpoint
-    from litellama.bench import environment
+    import importlib
+    def first(*names):
+        for n in names:
+            try: return importlib.import_module("litellama." + n)
+            except ModuleNotFoundError: pass
+        raise ModuleNotFoundError(names)
+    make_random_checkpoint = first("testing" + ".checkpoints", "checkpoints").make_random_checkpoint
+    environment = first("benchmarks" + ".harness", "bench").environment
     path = "/tmp/litellama-bench/qwen3-0.6b"
     if not Path(path, "config.json").exists():
         import torch; make_random_checkpoint("qwen3-0.6b", path, dtype=torch.bfloat16)
