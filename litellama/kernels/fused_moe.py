@@ -1,4 +1,4 @@
-"""Route each token to its top-k experts, group the routed rows by expert into tiles without asking the host anything, and run the experts' gate|up and down projections as two grouped matrix multiplies.
+"""Route tokens to their top-k experts and run the experts as two grouped matrix multiplies, without host syncs.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/fused_moe.html.md"""
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import autotune
+from . import tuned
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #07b8a8ca
@@ -471,8 +471,8 @@ def _config(T: int, E: int, H: int, I: int, top_k: int, dtype, fp8: bool, device
         rule = DEFAULTS["interpret"]
     else:
         rule = DEFAULTS["decode" if T * top_k <= 16 * E else "prefill"]
-    key = (str(dtype).replace("torch.", ""), "fp8" if fp8 else "w16", E, H, I, top_k, autotune.shape_bucket(T))
-    return autotune.lookup("fused_moe", key, dict(rule), device_type)
+    key = (str(dtype).replace("torch.", ""), "fp8" if fp8 else "w16", E, H, I, top_k, tuned.shape_bucket(T))
+    return tuned.lookup("fused_moe", key, dict(rule), device_type)
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #270e10bf

@@ -1,4 +1,4 @@
-"""The operations every model in litellama is built from, and the sampler's random draw, written in plain PyTorch. They define the semantics every faster backend must reproduce.
+"""The ops every litellama model is built from, and the sampler's random draw, in plain PyTorch.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/reference.html.md"""
 

@@ -1,4 +1,4 @@
-"""Which implementation of each op runs, why, and how to change it: probed backends, a priority order, environment overrides and `explain_selection()`.
+"""Which implementation of each op runs, why, and how to change it.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/registry.html.md"""
 

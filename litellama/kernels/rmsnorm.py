@@ -1,4 +1,4 @@
-"""`rms_norm` and `fused_add_rms_norm` as one Triton kernel that reads each row once: same contract as `reference.rms_norm`, bound only by memory bandwidth.
+"""`rms_norm` and `fused_add_rms_norm` as one Triton kernel that reads each row once.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/rmsnorm.html.md"""
 
@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune, reference
+from . import reference, tuned
 
 
 # %% ../../kernels_nb/02_rmsnorm.ipynb #3468cf0f
@@ -61,9 +61,9 @@ DEFAULTS = {"tile": 4096, "max_rows": 64, "min_programs": 264, "max_warps": 16}
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Block sizes and warps for rows of `n_cols` elements (and `n_rows` rows, if known)."
     block = triton.next_power_of_2(n_cols)
-    rows = autotune.rows_per_program(block, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
+    rows = tuned.rows_per_program(block, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
     cfg = dict(BLOCK_N=block, ROWS=rows, num_warps=min(DEFAULTS["max_warps"], max(4, block * rows // 1024)))
-    return autotune.lookup("rmsnorm", (n_cols, autotune.shape_bucket(n_rows or 1)), cfg)
+    return tuned.lookup("rmsnorm", (n_cols, tuned.shape_bucket(n_rows or 1)), cfg)
 
 
 # %% ../../kernels_nb/02_rmsnorm.ipynb #0548742e
@@ -129,7 +129,7 @@ HIDDEN = (1024, 2048, 4096, 8192)
 
 def benchmark(device="cuda", tokens=TOKENS, hidden=HIDDEN, dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     "Time `rms_norm`/`fused_add_rms_norm` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer, rows = timer or autotune.median_ms, []
+    timer, rows = timer or tuned.median_ms, []
 
     def add(op, shape, dtype, nbytes, fns):
         for backend, fn in fns.items():
