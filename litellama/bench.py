@@ -426,8 +426,9 @@ def _timeline_summary(steps: list, seconds: float, params: list) -> dict:
 
 # %% ../benchmarks_nb/00_bench.ipynb #81f8ec8a
 def workload2_timeline(llm, num_requests=256, seed=1) -> dict:
-    """Workload 2 step by step (other prompts than `workload2`'s, so nothing is in the prefix cache): each step's wall
-    time, how long the host waited in it for the GPU, and its sequences. A step that waits for nothing was host-bound."""
+    """Workload 2 step by step (other prompts than `workload2`'s, so nothing is in the prefix cache): each step's
+    wall time, how long the host waited in it for the GPU, and its sequences.
+    A step that waits for nothing was host-bound."""
     from litellama.sampling import SamplingParams
 
     eng, waited = llm.engine, [0.0]
@@ -486,7 +487,8 @@ def _host_top(prof, steps: int, top: int) -> list:
 
 # %% ../benchmarks_nb/00_bench.ipynb #11f4de42
 def profile_decode(llm, batch=64, prompt=128, steps=64, top=15) -> dict:
-    "Per decode step at `batch`: wall time of `step()`, the forward alone, and the top host functions by own time (cProfile)."
+    """Per decode step at `batch`: wall time of `step()`, the forward alone,
+    and the top host functions by own time (cProfile)."""
     import cProfile
 
     eng = llm.engine
