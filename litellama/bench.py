@@ -8,6 +8,7 @@ Docs: https://litellama.github.io/litellama/benchmarks_nb/bench.html.md"""
 __all__ = [
     "RESULTS",
     "W1_ROWS",
+    "KERNEL_MODULES",
     "environment",
     "save_results",
     "hf_generate",
@@ -20,7 +21,6 @@ __all__ = [
     "workload3",
     "copy_bandwidth_gbps",
     "kernel_suite",
-    "gpu_suite",
     "forward_ms",
     "workload2_timeline",
     "profile_decode",
@@ -73,18 +73,26 @@ def _git_commit() -> str:
 
 
 # %% ../benchmarks_nb/00_bench.ipynb #9d476b84
-def environment() -> dict:
-    "Where and when: device, library versions, date, git commit."
+def _versions() -> dict:
+    "Python and the versions of the libraries a result depends on."
     import transformers
 
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else _cpu_name()
     return dict(
-        device=dev,
-        cpus=os.cpu_count(),
         python=platform.python_version(),
         torch=torch.__version__,
         triton=_triton_version(),
         transformers=transformers.__version__,
+    )
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #40569db0
+def environment() -> dict:
+    "Where and when: device, library versions, date, git commit."
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else _cpu_name()
+    return dict(
+        device=dev,
+        cpus=os.cpu_count(),
+        **_versions(),
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         commit=os.environ.get("LITELLAMA_COMMIT", _git_commit()),
     )
@@ -242,6 +250,16 @@ def workload2_requests(num_requests=256, seed=0) -> tuple[list, list]:
     return prompts, params
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #e3e58d5d
+def _generate_s(llm, prompts: list, params) -> float:
+    "Seconds of one `llm.generate` call, device work included."
+    _sync()
+    t0 = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    _sync()
+    return time.perf_counter() - t0
+
+
 # %% ../benchmarks_nb/00_bench.ipynb #99d39c74
 def workload2(llm, num_requests=256, seed=0) -> dict:
     "The nano-vllm workload: 256 random requests, lengths 100-1024 in and out."
@@ -249,11 +267,7 @@ def workload2(llm, num_requests=256, seed=0) -> dict:
 
     prompts, params = workload2_requests(num_requests, seed)
     llm.generate(["warm-up"], SamplingParams(max_tokens=8), use_tqdm=False)
-    _sync()
-    t0 = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    _sync()
-    t = time.perf_counter() - t0
+    t = _generate_s(llm, prompts, params)
     total = sum(p.max_tokens for p in params)
     return dict(requests=num_requests, output_tokens=total, seconds=t, tok_s=total / t)
 
@@ -297,22 +311,31 @@ def copy_bandwidth_gbps(nbytes=2 << 30) -> float:
     return 2 * a.numel() / ms / 1e6
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #05f1b776
+KERNEL_MODULES = ("rmsnorm", "rope", "activation", "kv_store", "prefill_attention", "decode_attention", "gumbel")
+_GRAPH_TIMED = ("decode_attention", "gumbel")  # short calls: time them in CUDA graphs
+
+
 # %% ../benchmarks_nb/00_bench.ipynb #a8dff114
-def kernel_suite() -> list:
-    "Every Triton kernel module's `benchmark()` rows."
+def _module_rows(mod: str, **kw) -> list:
+    "One kernel module's `benchmark(**kw)` rows, or one row naming its error."
     import importlib
 
+    try:
+        return importlib.import_module(f"litellama.kernels.{mod}").benchmark(**kw)
+    except Exception as e:
+        print(mod, "failed:", e, flush=True)
+        return [dict(op=mod, error=f"{type(e).__name__}: {e}")]
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #a57af00f
+def kernel_suite() -> list:
+    "Every Triton kernel module's `benchmark()` rows."
     from litellama.kernels.tuned import graph_ms
 
     rows = []
-    for mod in ("rmsnorm", "rope", "activation", "kv_store", "prefill_attention", "decode_attention", "gumbel"):
-        short = mod in ("decode_attention", "gumbel")  # short calls: time them in CUDA graphs
-        kw = {"timer": graph_ms} if short else {}
-        try:
-            rows += importlib.import_module(f"litellama.kernels.{mod}").benchmark(**kw)
-        except Exception as e:
-            rows.append(dict(op=mod, error=f"{type(e).__name__}: {e}"))
-            print(mod, "failed:", e, flush=True)
+    for mod in KERNEL_MODULES:
+        rows += _module_rows(mod, **({"timer": graph_ms} if mod in _GRAPH_TIMED else {}))
     return rows
 
 
@@ -327,54 +350,28 @@ def _random_model(like: str, workdir) -> Path:
     return path
 
 
-# %% ../benchmarks_nb/00_bench.ipynb #ede64580
-def gpu_suite(
-    out_dir,
-    like="qwen3-0.6b",
-    parts=("kernels", "w1", "w2", "w3"),
-    workdir="/tmp/litellama-bench",
-    kv_cache_dtype="auto",
-):
-    """Run the GPU benchmarks and write each part's JSON into `out_dir`; with an fp8 KV cache the files are
-    named `*_fp8kv.json`."""
-    import transformers
-
-    from litellama.llm import LLM
-
-    out_dir = Path(out_dir)
-    if "kernels" in parts:
-        save_results("kernels", dict(copy_gbps=copy_bandwidth_gbps(), rows=kernel_suite()), out_dir)
-    path = _random_model(like, workdir)
-    llm = LLM(path, dtype="bfloat16", device="cuda", kv_cache_dtype=kv_cache_dtype)
-    info = dict(
+# %% ../benchmarks_nb/00_bench.ipynb #58155f69
+def _engine_info(llm, like: str) -> dict:
+    "What every GPU result names: the model, the KV cache dtype and how many tokens the cache holds."
+    return dict(
         model=f"random {like} (bf16)",
         kv_cache_dtype=str(llm.engine.runner.kv_cache.dtype).replace("torch.", ""),
         kv_capacity_tokens=llm.engine.runner.capacity_tokens,
     )
-    sfx = "" if kv_cache_dtype == "auto" else f"_{kv_cache_dtype}kv"
-    if "w1" in parts:
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-        save_results("gpu_vs_hf" + sfx, dict(info, workload1=workload1(llm, hf)), out_dir)
-        del hf
-        torch.cuda.empty_cache()
-    if "w3" in parts:
-        save_results("latency" + sfx, dict(info, workload3=workload3(llm)), out_dir)
-    if "w2" in parts:
-        save_results("throughput" + sfx, dict(info, workload2=workload2(llm)), out_dir)
-    if "profile" in parts:
-        save_results("profile" + sfx, dict(info, profiles=[profile_decode(llm, b) for b in (1, 64, 256)]), out_dir)
-    if "timeline" in parts:
-        save_results("w2_timeline" + sfx, dict(info, **workload2_timeline(llm)), out_dir)
 
 
 # %% ../benchmarks_nb/00_bench.ipynb #16ad46e9
-def _loop_ms(fn, reps: int, cuda: bool) -> float:
-    "Milliseconds per call of `fn()` over `reps` calls: CUDA events on a GPU, the wall clock elsewhere."
-    if not cuda:
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t) / reps * 1e3
+def _wall_ms(fn, reps: int) -> float:
+    "Milliseconds per call of `fn()` over `reps` calls by the wall clock."
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps * 1e3
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #98f1969d
+def _event_ms(fn, reps: int) -> float:
+    "Milliseconds per call of `fn()` over `reps` calls between two CUDA events."
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     for _ in range(reps):
@@ -382,6 +379,12 @@ def _loop_ms(fn, reps: int, cuda: bool) -> float:
     b.record()
     b.synchronize()
     return a.elapsed_time(b) / reps
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #ab510d36
+def _loop_ms(fn, reps: int, cuda: bool) -> float:
+    "Milliseconds per call of `fn()` over `reps` calls: CUDA events on a GPU, the wall clock elsewhere."
+    return _event_ms(fn, reps) if cuda else _wall_ms(fn, reps)
 
 
 # %% ../benchmarks_nb/00_bench.ipynb #cb345ae9
@@ -406,21 +409,27 @@ def forward_ms(llm, batch: int, context: int, reps: int = 20) -> float:
 
 
 # %% ../benchmarks_nb/00_bench.ipynb #9c6dd253
-def _timeline_summary(steps: list, seconds: float, params: list) -> dict:
-    "Totals of a timeline and, per power-of-two batch bucket, its step count and median step and wait times."
+def _by_batch(steps: list) -> list:
+    "Per power-of-two batch bucket of `steps`: the step count and the median step and wait times."
     by = {}
     for st in steps:
         by.setdefault(1 << max(st["seqs"] - 1, 0).bit_length(), []).append(st)
     med = lambda xs: sorted(xs)[len(xs) // 2]
+    row = lambda b, v: dict(
+        up_to=b, steps=len(v), step_ms=med([x["ms"] for x in v]), wait_ms=med([x["wait_ms"] for x in v])
+    )
+    return [row(b, v) for b, v in sorted(by.items())]
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #c5a6bad3
+def _timeline_summary(steps: list, seconds: float, params: list) -> dict:
+    "Totals of a timeline and, per power-of-two batch bucket, its step count and median step and wait times."
     return dict(
         seconds=seconds,
         tok_s=sum(p.max_tokens for p in params) / seconds,
         steps=len(steps),
         wait_s=sum(st["wait_ms"] for st in steps) / 1e3,
-        by_batch=[
-            dict(up_to=b, steps=len(v), step_ms=med([x["ms"] for x in v]), wait_ms=med([x["wait_ms"] for x in v]))
-            for b, v in sorted(by.items())
-        ],
+        by_batch=_by_batch(steps),
     )
 
 
@@ -485,34 +494,53 @@ def _host_top(prof, steps: int, top: int) -> list:
     return [dict(ms=round(ms, 3), fn=fn) for ms, fn in rows]
 
 
-# %% ../benchmarks_nb/00_bench.ipynb #11f4de42
-def profile_decode(llm, batch=64, prompt=128, steps=64, top=15) -> dict:
-    """Per decode step at `batch`: wall time of `step()`, the forward alone,
-    and the top host functions by own time (cProfile)."""
-    import cProfile
-
-    eng = llm.engine
-    _start_decoding(eng, batch, prompt, steps)
+# %% ../benchmarks_nb/00_bench.ipynb #fd6ab8df
+def _steps_ms(eng, steps: int) -> float:
+    "Milliseconds per `eng.step()` over `steps` steps, device work included."
     _sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         eng.step()
     _sync()
-    wall = (time.perf_counter() - t0) / steps
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #8bb88022
+def _profiled_steps(eng, steps: int):
+    "A cProfile of `steps` engine steps."
+    import cProfile
+
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
         eng.step()
     prof.disable()
+    return prof
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #6ae0d4c8
+def _drain(eng) -> None:
+    "Abort every request of `eng` and step until none is left."
     for r in list(eng.requests):
         eng.abort_request(r)
     while eng.has_unfinished_requests():
         eng.step()
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #11f4de42
+def profile_decode(llm, batch=64, prompt=128, steps=64, top=15) -> dict:
+    """Per decode step at `batch`: wall time of `step()`, the forward alone,
+    and the top host functions by own time (cProfile)."""
+    eng = llm.engine
+    _start_decoding(eng, batch, prompt, steps)
+    step_ms = _steps_ms(eng, steps)
+    prof = _profiled_steps(eng, steps)
+    _drain(eng)
     return dict(
         batch=batch,
         prompt=prompt,
         steps=steps,
-        step_ms=wall * 1e3,
+        step_ms=step_ms,
         forward_ms=forward_ms(llm, batch, prompt + steps),
         host_top_ms_per_step=_host_top(prof, steps, top),
     )

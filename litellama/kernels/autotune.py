@@ -139,6 +139,7 @@ def _kv_store_cases(T, model, rnd, g, device):
 _ELEMENTWISE = dict(rmsnorm=_rmsnorm_cases, rope=_rope_cases, activation=_activation_cases, kv_store=_kv_store_cases)
 
 
+# %% ../../kernels_nb/08_autotune.ipynb #de2dfc6a
 def _elementwise_cases(op, quick, device, dtype, model, tokens=None):
     "Cases for the memory-bound ops: keys `(n_cols, row bucket)` as their `_config` computes them."
     g = torch.Generator(device=device).manual_seed(0)

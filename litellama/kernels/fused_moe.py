@@ -260,15 +260,21 @@ def _align_by_sort(ids, block_m, num_experts, sorted_slots, block_experts, total
     total.copy_(ends[-1:])
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #35c8587e
+def _align_outputs(n_max: int, block_m: int, dev):
+    "Empty `(sorted_slots, block_experts, total)` for an alignment of at most `n_max` padded slots."
+    sorted_slots = torch.empty(n_max, dtype=torch.int32, device=dev)
+    block_experts = torch.empty(n_max // block_m, dtype=torch.int32, device=dev)
+    total = torch.empty(1, dtype=torch.int32, device=dev)
+    return sorted_slots, block_experts, total
+
+
 # %% ../../kernels_nb/14_fused_moe.ipynb #26ccae74
 def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, method: str | None = None):
     "`(sorted_slots [n_max] int32, block_experts [n_max/block_m] int32, total [1] int32)`, computed on the device."
     S = topk_ids.numel()
     n_max = max_padded_slots(S, num_experts, block_m)
-    dev = topk_ids.device
-    sorted_slots = torch.empty(n_max, dtype=torch.int32, device=dev)
-    block_experts = torch.empty(n_max // block_m, dtype=torch.int32, device=dev)
-    total = torch.empty(1, dtype=torch.int32, device=dev)
+    sorted_slots, block_experts, total = _align_outputs(n_max, block_m, topk_ids.device)
     if S == 0:
         return sorted_slots, block_experts, total.zero_()
     ids = topk_ids.reshape(-1).to(torch.int32)

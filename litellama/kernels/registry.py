@@ -144,6 +144,8 @@ _VISION = {
     "quick_gelu": "quick_gelu",
     "vision_attention": "vision_attention_sdpa",
 }
+
+# %% ../../kernels_nb/01_registry.ipynb #4ce7e71e
 OPS += tuple(_VISION)
 BACKENDS["triton"].impls.update({op: _K + f"vision:{fn}" for op, fn in _VISION.items()})
 BACKENDS["torch"].impls.update({op: _K + f"vision:{op}_ref" for op in _VISION})
