@@ -1,4 +1,4 @@
-"""The harness behind every figure we quote: workloads run side by side with HF transformers in the same process, results saved as JSON with the machine, versions, date and commit, and plotted from those files.
+"""The harness behind every figure we quote, and plots of its committed results.
 
 Docs: https://litellama.github.io/litellama/benchmarks_nb/bench.html.md"""
 
@@ -8,6 +8,7 @@ Docs: https://litellama.github.io/litellama/benchmarks_nb/bench.html.md"""
 __all__ = [
     "RESULTS",
     "W1_ROWS",
+    "KERNEL_MODULES",
     "environment",
     "save_results",
     "hf_generate",
@@ -20,7 +21,6 @@ __all__ = [
     "workload3",
     "copy_bandwidth_gbps",
     "kernel_suite",
-    "gpu_suite",
     "forward_ms",
     "workload2_timeline",
     "profile_decode",
@@ -40,49 +40,67 @@ from pathlib import Path
 import torch
 
 # %% ../benchmarks_nb/00_bench.ipynb #6cb56ddb
-RESULTS = (
-    Path(__file__).resolve().parent.parent / "benchmarks_nb" / "results" if "__file__" in globals() else Path("results")
-)
+RESULTS = Path("litellama-bench-results")  # the default folder, relative to the working directory at save time
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #c2401894
 def _cpu_name() -> str:
     try:
-        return next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     except Exception:
         return platform.processor() or platform.machine()
 
 
-def environment() -> dict:
-    "Where and when: device, library versions, date, git commit."
-    import transformers
-
+# %% ../benchmarks_nb/00_bench.ipynb #130af193
+def _triton_version():
     try:
         import triton
 
-        tv = triton.__version__
+        return triton.__version__
     except Exception:
-        tv = None
+        return None
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #d936bf53
+def _git_commit() -> str:
+    'The commit of the checkout this module lives in; `""` outside a git checkout.'
     try:
-        commit = subprocess.run(
+        return subprocess.run(
             ["git", "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
         ).stdout.strip()
     except Exception:
-        commit = ""
+        return ""
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #9d476b84
+def _versions() -> dict:
+    "Python and the versions of the libraries a result depends on."
+    import transformers
+
+    return dict(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        triton=_triton_version(),
+        transformers=transformers.__version__,
+    )
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #40569db0
+def environment() -> dict:
+    "Where and when: device, library versions, date, git commit."
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else _cpu_name()
     return dict(
         device=dev,
         cpus=os.cpu_count(),
-        python=platform.python_version(),
-        torch=torch.__version__,
-        triton=tv,
-        transformers=transformers.__version__,
+        **_versions(),
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        commit=os.environ.get("LITELLAMA_COMMIT", commit),
+        commit=os.environ.get("LITELLAMA_COMMIT", _git_commit()),
     )
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #2c319b6c
 def save_results(name: str, payload: dict, folder=None) -> Path:
-    "Write `payload` plus the environment to `<folder>/<name>.json`."
+    "Write `payload` plus the environment to `<folder>/<name>.json` (default folder: `RESULTS`)."
     folder = Path(folder or RESULTS)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
@@ -96,17 +114,24 @@ def _sync():
         torch.cuda.synchronize()
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #858a7f8d
+def _left_padded(batch: list, device) -> tuple:
+    "`(input_ids, attention_mask)` of token-id lists left-padded with 0 to the longest."
+    L = max(len(p) for p in batch)
+    ids = torch.tensor([[0] * (L - len(p)) + p for p in batch], device=device)
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in batch], device=device)
+    return ids, mask
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #bba9ece0
 def hf_generate(model, prompts: list, max_new_tokens: int, batch_size: int) -> tuple:
     "Greedy HF `generate` over token-id `prompts` in batches: `(output tokens, seconds)`."
     device = next(model.parameters()).device
-    total, t0 = 0, None
+    total = 0
     _sync()
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        batch = prompts[i : i + batch_size]
-        L = max(len(p) for p in batch)
-        ids = torch.tensor([[0] * (L - len(p)) + p for p in batch], device=device)
-        mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in batch], device=device)
+        ids, mask = _left_padded(prompts[i : i + batch_size], device)
         with torch.inference_mode():
             out = model.generate(
                 input_ids=ids,
@@ -116,11 +141,12 @@ def hf_generate(model, prompts: list, max_new_tokens: int, batch_size: int) -> t
                 do_sample=False,
                 pad_token_id=0,
             )
-        total += (out.shape[1] - L) * len(batch)
+        total += (out.shape[1] - ids.shape[1]) * ids.shape[0]
     _sync()
     return total, time.perf_counter() - t0
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #a5f8f57d
 def ours_generate(llm, prompts: list, max_tokens: int) -> tuple:
     "litellama `LLM.generate` over token-id `prompts`, all submitted at once: `(output tokens, seconds)`."
     from litellama.sampling import SamplingParams
@@ -133,6 +159,31 @@ def ours_generate(llm, prompts: list, max_tokens: int) -> tuple:
 
 
 # %% ../benchmarks_nb/00_bench.ipynb #5c823b4d
+_QUESTIONS = [
+    "What is the capital of France?",
+    "Explain photosynthesis briefly.",
+    "Write a haiku about rain.",
+    "List three prime numbers.",
+    "What does a CPU do?",
+    "Describe the moon.",
+    "Give a tip for sleeping well.",
+    "What is 12 times 12?",
+]
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #d9ec8c82
+def _chat_prompts(llm, num_prompts: int) -> list:
+    "Token ids of `num_prompts` chat prompts: the questions in turn, each round with one more trailing space."
+    tok = llm.tokenizer
+    return [
+        tok.encode(
+            llm.apply_chat_template([{"role": "user", "content": _QUESTIONS[i % len(_QUESTIONS)] + " " * (i // 8)}])
+        )
+        for i in range(num_prompts)
+    ]
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #75fb9d1f
 def cpu_vs_hf(model_dir=None, num_prompts: int = 16, max_tokens: int = 64, seed: int = 0) -> dict:
     "`LLM.generate` vs HF `generate` on the CPU in float32, same prompts, same run."
     import transformers
@@ -140,24 +191,7 @@ def cpu_vs_hf(model_dir=None, num_prompts: int = 16, max_tokens: int = 64, seed:
     from litellama.llm import LLM
 
     llm = LLM(model_dir, dtype="float32", device="cpu")
-    tok = llm.tokenizer
-    rng = random.Random(seed)
-    questions = [
-        "What is the capital of France?",
-        "Explain photosynthesis briefly.",
-        "Write a haiku about rain.",
-        "List three prime numbers.",
-        "What does a CPU do?",
-        "Describe the moon.",
-        "Give a tip for sleeping well.",
-        "What is 12 times 12?",
-    ]
-    prompts = [
-        tok.encode(
-            llm.apply_chat_template([{"role": "user", "content": questions[i % len(questions)] + " " * (i // 8)}])
-        )
-        for i in range(num_prompts)
-    ]
+    prompts = _chat_prompts(llm, num_prompts)
     hf = transformers.AutoModelForCausalLM.from_pretrained(llm.model_dir, dtype=torch.float32).eval()
     ours_generate(llm, prompts[:2], 4)
     hf_generate(hf, prompts[:2], 4, 2)  # warm-up
@@ -178,11 +212,13 @@ def cpu_vs_hf(model_dir=None, num_prompts: int = 16, max_tokens: int = 64, seed:
 W1_ROWS = [(1, 128, 256), (4, 25, 64), (16, 128, 256), (64, 128, 256), (256, 128, 128)]
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #907f4f63
 def random_prompts(n, length, seed=0, vocab=10000):
     rng = random.Random(seed)
     return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #bf5b3773
 def workload1(llm, hf, rows=W1_ROWS, hf_max_seconds: float = 600) -> list:
     "Output tok/s of litellama and HF on each `(batch, prompt, generated)` row."
     res = []
@@ -200,6 +236,7 @@ def workload1(llm, hf, rows=W1_ROWS, hf_max_seconds: float = 600) -> list:
     return res
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #67772252
 def workload2_requests(num_requests=256, seed=0) -> tuple[list, list]:
     "The nano-vllm workload's prompts and sampling parameters: random token ids, lengths 100-1024 in and out."
     from litellama.sampling import SamplingParams
@@ -213,41 +250,51 @@ def workload2_requests(num_requests=256, seed=0) -> tuple[list, list]:
     return prompts, params
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #e3e58d5d
+def _generate_s(llm, prompts: list, params) -> float:
+    "Seconds of one `llm.generate` call, device work included."
+    _sync()
+    t0 = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    _sync()
+    return time.perf_counter() - t0
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #99d39c74
 def workload2(llm, num_requests=256, seed=0) -> dict:
     "The nano-vllm workload: 256 random requests, lengths 100-1024 in and out."
     from litellama.sampling import SamplingParams
 
     prompts, params = workload2_requests(num_requests, seed)
     llm.generate(["warm-up"], SamplingParams(max_tokens=8), use_tqdm=False)
-    _sync()
-    t0 = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    _sync()
-    t = time.perf_counter() - t0
+    t = _generate_s(llm, prompts, params)
     total = sum(p.max_tokens for p in params)
     return dict(requests=num_requests, output_tokens=total, seconds=t, tok_s=total / t)
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #abbaeff4
+def _timed_request(eng, prompt: list, gen: int) -> dict:
+    "Run one greedy request alone on `eng`: its time to first token and time per output token, in ms."
+    from litellama.sampling import SamplingParams
+
+    eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True))
+    _sync()
+    t0 = time.perf_counter()
+    times = []
+    while eng.has_unfinished_requests():  # a token is on the host when step() returns it: no other sync
+        outs = eng.step()
+        times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
+    return dict(ttft_ms=(times[0] - t0) * 1e3, tpot_ms=(times[-1] - times[0]) / (len(times) - 1) * 1e3)
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #3c1f8e4f
 def workload3(llm, prompt_lens=(128, 4096), gen=128, repeats=5) -> list:
     """Batch-1 time to first token and time per output token: medians over `repeats` fresh prompts (none in the prefix
     cache) after one warm-up run, with every run's figures kept."""
-    from litellama.sampling import SamplingParams
-
     eng, res = llm.engine, []
     for L in prompt_lens:
-        runs = []
-        for seed in range(L, L + repeats + 1):  # seed L warms up
-            rid = eng.add_request(
-                random_prompts(1, L, seed=seed)[0], SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
-            )
-            _sync()
-            t0 = time.perf_counter()
-            times = []
-            while eng.has_unfinished_requests():  # a token is on the host when step() returns it: no other sync
-                outs = eng.step()
-                times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
-            runs.append(dict(ttft_ms=(times[0] - t0) * 1e3, tpot_ms=(times[-1] - times[0]) / (len(times) - 1) * 1e3))
-        med = lambda k: sorted(r[k] for r in runs[1:])[repeats // 2]
+        runs = [_timed_request(eng, random_prompts(1, L, seed=seed)[0], gen) for seed in range(L, L + repeats + 1)]
+        med = lambda k: sorted(r[k] for r in runs[1:])[repeats // 2]  # seed L warmed up
         res.append(dict(prompt=L, generated=gen, ttft_ms=med("ttft_ms"), tpot_ms=med("tpot_ms"), runs=runs[1:]))
         print(res[-1], flush=True)
     return res
@@ -264,70 +311,86 @@ def copy_bandwidth_gbps(nbytes=2 << 30) -> float:
     return 2 * a.numel() / ms / 1e6
 
 
-def kernel_suite() -> list:
-    "Every Triton kernel module's `benchmark()` rows."
+# %% ../benchmarks_nb/00_bench.ipynb #05f1b776
+KERNEL_MODULES = ("rmsnorm", "rope", "activation", "kv_store", "prefill_attention", "decode_attention", "gumbel")
+_GRAPH_TIMED = ("decode_attention", "gumbel")  # short calls: time them in CUDA graphs
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #a8dff114
+def _module_rows(mod: str, **kw) -> list:
+    "One kernel module's `benchmark(**kw)` rows, or one row naming its error."
     import importlib
 
-    rows = []
-    from litellama.kernels.autotune import graph_ms
+    try:
+        return importlib.import_module(f"litellama.kernels.{mod}").benchmark(**kw)
+    except Exception as e:
+        print(mod, "failed:", e, flush=True)
+        return [dict(op=mod, error=f"{type(e).__name__}: {e}")]
 
-    for mod in ("rmsnorm", "rope", "activation", "kv_store", "prefill_attention", "decode_attention", "gumbel"):
-        kw = (
-            {"timer": graph_ms} if mod in ("decode_attention", "gumbel") else {}
-        )  # short calls: time them in CUDA graphs
-        try:
-            rows += importlib.import_module(f"litellama.kernels.{mod}").benchmark(**kw)
-        except Exception as e:
-            rows.append(dict(op=mod, error=f"{type(e).__name__}: {e}"))
-            print(mod, "failed:", e, flush=True)
+
+# %% ../benchmarks_nb/00_bench.ipynb #a57af00f
+def kernel_suite() -> list:
+    "Every Triton kernel module's `benchmark()` rows."
+    from litellama.kernels.tuned import graph_ms
+
+    rows = []
+    for mod in KERNEL_MODULES:
+        rows += _module_rows(mod, **({"timer": graph_ms} if mod in _GRAPH_TIMED else {}))
     return rows
 
 
-def gpu_suite(
-    out_dir,
-    like="qwen3-0.6b",
-    parts=("kernels", "w1", "w2", "w3"),
-    workdir="/tmp/litellama-bench",
-    kv_cache_dtype="auto",
-):
-    """Run the GPU benchmarks and write each part's JSON into `out_dir`; with an fp8 KV cache the files are
-    named `*_fp8kv.json`."""
-    import transformers
-
+# %% ../benchmarks_nb/00_bench.ipynb #dedb82ae
+def _random_model(like: str, workdir) -> Path:
+    "A random bf16 checkpoint of shape `like` under `workdir`, made once and reused."
     from litellama.checkpoints import make_random_checkpoint
-    from litellama.llm import LLM
 
-    out_dir = Path(out_dir)
-    if "kernels" in parts:
-        save_results("kernels", dict(copy_gbps=copy_bandwidth_gbps(), rows=kernel_suite()), out_dir)
     path = Path(workdir) / like
     if not (path / "config.json").exists():
         make_random_checkpoint(like, path, dtype=torch.bfloat16)
-    llm = LLM(path, dtype="bfloat16", device="cuda", kv_cache_dtype=kv_cache_dtype)
-    info = dict(
+    return path
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #58155f69
+def _engine_info(llm, like: str) -> dict:
+    "What every GPU result names: the model, the KV cache dtype and how many tokens the cache holds."
+    return dict(
         model=f"random {like} (bf16)",
         kv_cache_dtype=str(llm.engine.runner.kv_cache.dtype).replace("torch.", ""),
         kv_capacity_tokens=llm.engine.runner.capacity_tokens,
     )
-    sfx = "" if kv_cache_dtype == "auto" else f"_{kv_cache_dtype}kv"
-    if "w1" in parts:
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-        save_results("gpu_vs_hf" + sfx, dict(info, workload1=workload1(llm, hf)), out_dir)
-        del hf
-        torch.cuda.empty_cache()
-    if "w3" in parts:
-        save_results("latency" + sfx, dict(info, workload3=workload3(llm)), out_dir)
-    if "w2" in parts:
-        save_results("throughput" + sfx, dict(info, workload2=workload2(llm)), out_dir)
-    if "profile" in parts:
-        save_results("profile" + sfx, dict(info, profiles=[profile_decode(llm, b) for b in (1, 64, 256)]), out_dir)
-    if "timeline" in parts:
-        save_results("w2_timeline" + sfx, dict(info, **workload2_timeline(llm)), out_dir)
 
 
 # %% ../benchmarks_nb/00_bench.ipynb #16ad46e9
+def _wall_ms(fn, reps: int) -> float:
+    "Milliseconds per call of `fn()` over `reps` calls by the wall clock."
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps * 1e3
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #98f1969d
+def _event_ms(fn, reps: int) -> float:
+    "Milliseconds per call of `fn()` over `reps` calls between two CUDA events."
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / reps
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #ab510d36
+def _loop_ms(fn, reps: int, cuda: bool) -> float:
+    "Milliseconds per call of `fn()` over `reps` calls: CUDA events on a GPU, the wall clock elsewhere."
+    return _event_ms(fn, reps) if cuda else _wall_ms(fn, reps)
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #cb345ae9
 def forward_ms(llm, batch: int, context: int, reps: int = 20) -> float:
-    "Milliseconds of one decode forward alone (the CUDA graph when there is one) at `batch` sequences of `context` tokens."
+    """Milliseconds of one decode forward alone (the CUDA graph when there is one)
+    at `batch` sequences of `context` tokens."""
     from litellama.attention import build_model_input
 
     runner = llm.engine.runner
@@ -342,23 +405,39 @@ def forward_ms(llm, batch: int, context: int, reps: int = 20) -> float:
     with torch.inference_mode():
         for _ in range(3):
             fn()
-        if runner.device.type != "cuda":
-            t = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            return (time.perf_counter() - t) / reps * 1e3
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / reps
+        return _loop_ms(fn, reps, runner.device.type == "cuda")
 
 
+# %% ../benchmarks_nb/00_bench.ipynb #9c6dd253
+def _by_batch(steps: list) -> list:
+    "Per power-of-two batch bucket of `steps`: the step count and the median step and wait times."
+    by = {}
+    for st in steps:
+        by.setdefault(1 << max(st["seqs"] - 1, 0).bit_length(), []).append(st)
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    row = lambda b, v: dict(
+        up_to=b, steps=len(v), step_ms=med([x["ms"] for x in v]), wait_ms=med([x["wait_ms"] for x in v])
+    )
+    return [row(b, v) for b, v in sorted(by.items())]
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #c5a6bad3
+def _timeline_summary(steps: list, seconds: float, params: list) -> dict:
+    "Totals of a timeline and, per power-of-two batch bucket, its step count and median step and wait times."
+    return dict(
+        seconds=seconds,
+        tok_s=sum(p.max_tokens for p in params) / seconds,
+        steps=len(steps),
+        wait_s=sum(st["wait_ms"] for st in steps) / 1e3,
+        by_batch=_by_batch(steps),
+    )
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #81f8ec8a
 def workload2_timeline(llm, num_requests=256, seed=1) -> dict:
-    """Workload 2 step by step (other prompts than `workload2`'s, so nothing is in the prefix cache): each step's wall
-    time, how long the host waited in it for the GPU, and its sequences. A step that waits for nothing was host-bound."""
+    """Workload 2 step by step (other prompts than `workload2`'s, so nothing is in the prefix cache): each step's
+    wall time, how long the host waited in it for the GPU, and its sequences.
+    A step that waits for nothing was host-bound."""
     from litellama.sampling import SamplingParams
 
     eng, waited = llm.engine, [0.0]
@@ -373,7 +452,7 @@ def workload2_timeline(llm, num_requests=256, seed=1) -> dict:
 
     torch.cuda.Event.synchronize = timed  # the engine's one wait: reading a step's tokens back
     try:
-        for p, sp in zip(prompts, params):
+        for p, sp in zip(prompts, params, strict=True):
             eng.add_request(p, sp, stream=False)
         steps = []
         _sync()
@@ -387,87 +466,92 @@ def workload2_timeline(llm, num_requests=256, seed=1) -> dict:
         seconds = time.perf_counter() - t0
     finally:
         torch.cuda.Event.synchronize = sync
-    by = {}
-    for st in steps:
-        by.setdefault(1 << max(st["seqs"] - 1, 0).bit_length(), []).append(st)
-    med = lambda xs: sorted(xs)[len(xs) // 2]
-    summary = dict(
-        seconds=seconds,
-        tok_s=sum(p.max_tokens for p in params) / seconds,
-        steps=len(steps),
-        wait_s=sum(st["wait_ms"] for st in steps) / 1e3,
-        by_batch=[
-            dict(up_to=b, steps=len(v), step_ms=med([x["ms"] for x in v]), wait_ms=med([x["wait_ms"] for x in v]))
-            for b, v in sorted(by.items())
-        ],
-    )
-    return dict(summary=summary, steps=steps)
+    return dict(summary=_timeline_summary(steps, seconds, params), steps=steps)
 
 
-def profile_decode(llm, batch=64, prompt=128, steps=64, top=15) -> dict:
-    "Per decode step at `batch`: wall time of `step()`, the forward alone, and the top host functions by own time (cProfile)."
-    import cProfile
-    import pstats
-
+# %% ../benchmarks_nb/00_bench.ipynb #d71b1079
+def _start_decoding(eng, batch: int, prompt: int, steps: int) -> None:
+    "Add `batch` greedy requests of `prompt` random tokens and step until all of them decode, plus two warm-up steps."
     from litellama.sampling import SamplingParams
 
-    eng = llm.engine
     for p in random_prompts(batch, prompt, seed=7, vocab=min(10000, eng.config.vocab_size)):
         eng.add_request(p, SamplingParams(temperature=0, max_tokens=2 * steps + 8, ignore_eos=True))
     while eng.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in eng.scheduler.running):
         eng.step()
     for _ in range(2):
         eng.step()
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #531ec7e6
+def _host_top(prof, steps: int, top: int) -> list:
+    "The `top` functions of a cProfile run by own time, in ms per step."
+    import pstats
+
+    st = pstats.Stats(prof)
+    rows = sorted(
+        ((v[2] / steps * 1e3, f"{k[0].split('/')[-1]}:{k[1]}({k[2]})") for k, v in st.stats.items()), reverse=True
+    )[:top]
+    return [dict(ms=round(ms, 3), fn=fn) for ms, fn in rows]
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #fd6ab8df
+def _steps_ms(eng, steps: int) -> float:
+    "Milliseconds per `eng.step()` over `steps` steps, device work included."
     _sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         eng.step()
     _sync()
-    wall = (time.perf_counter() - t0) / steps
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #8bb88022
+def _profiled_steps(eng, steps: int):
+    "A cProfile of `steps` engine steps."
+    import cProfile
+
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
         eng.step()
     prof.disable()
+    return prof
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #6ae0d4c8
+def _drain(eng) -> None:
+    "Abort every request of `eng` and step until none is left."
     for r in list(eng.requests):
         eng.abort_request(r)
     while eng.has_unfinished_requests():
         eng.step()
-    st = pstats.Stats(prof)
-    rows = sorted(
-        ((v[2] / steps * 1e3, f"{k[0].split('/')[-1]}:{k[1]}({k[2]})") for k, v in st.stats.items()), reverse=True
-    )[:top]
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #11f4de42
+def profile_decode(llm, batch=64, prompt=128, steps=64, top=15) -> dict:
+    """Per decode step at `batch`: wall time of `step()`, the forward alone,
+    and the top host functions by own time (cProfile)."""
+    eng = llm.engine
+    _start_decoding(eng, batch, prompt, steps)
+    step_ms = _steps_ms(eng, steps)
+    prof = _profiled_steps(eng, steps)
+    _drain(eng)
     return dict(
         batch=batch,
         prompt=prompt,
         steps=steps,
-        step_ms=wall * 1e3,
+        step_ms=step_ms,
         forward_ms=forward_ms(llm, batch, prompt + steps),
-        host_top_ms_per_step=[dict(ms=round(ms, 3), fn=fn) for ms, fn in rows],
+        host_top_ms_per_step=_host_top(prof, steps, top),
     )
 
 
 # %% ../benchmarks_nb/00_bench.ipynb #88e578ff
-def serving_suite(
-    out_dir,
-    like="qwen3-0.6b",
-    rates=(2, 8, 32, 128, float("inf")),
-    num_requests=256,
-    prompt_len=512,
-    max_tokens=128,
-    workdir="/tmp/litellama-bench",
-    port=8731,
-):
-    "Start `litellama serve` on a random checkpoint of shape `like`, load it at each rate, save `serving.json`."
+def _serve(path: Path, port: int):
+    "`litellama serve` of the checkpoint at `path` in its own process, once it answers `/health` (at most 600 s)."
     import sys
     import urllib.request
 
-    from litellama.checkpoints import make_random_checkpoint
-    from litellama.server import bench_serving
-
-    path = Path(workdir) / like
-    if not (path / "config.json").exists():
-        make_random_checkpoint(like, path, dtype=torch.bfloat16)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -481,11 +565,32 @@ def serving_suite(
                 raise RuntimeError(f"litellama serve exited with code {proc.returncode} before answering")
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
+                return proc
             except Exception:
                 time.sleep(1)
-        else:
-            raise RuntimeError(f"litellama serve did not answer on port {port} within 600 s")
+        raise RuntimeError(f"litellama serve did not answer on port {port} within 600 s")
+    except BaseException:
+        proc.terminate()
+        proc.wait(60)
+        raise
+
+
+# %% ../benchmarks_nb/00_bench.ipynb #dbd40ed7
+def serving_suite(
+    out_dir,
+    like="qwen3-0.6b",
+    rates=(2, 8, 32, 128, float("inf")),
+    num_requests=256,
+    prompt_len=512,
+    max_tokens=128,
+    workdir="/tmp/litellama-bench",
+    port=8731,
+):
+    "Start `litellama serve` on a random checkpoint of shape `like`, load it at each rate, save `serving.json`."
+    from litellama.server import bench_serving
+
+    proc = _serve(_random_model(like, workdir), port)
+    try:
         res = bench_serving(
             f"http://127.0.0.1:{port}",
             like,

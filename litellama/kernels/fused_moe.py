@@ -1,4 +1,4 @@
-"""Route each token to its top-k experts, group the routed rows by expert into tiles without asking the host anything, and run the experts' gate|up and down projections as two grouped matrix multiplies.
+"""Route tokens to their top-k experts and run the experts as two grouped matrix multiplies, without host syncs.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/fused_moe.html.md"""
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import autotune
+from . import tuned
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #07b8a8ca
@@ -82,6 +82,7 @@ def _topk_softmax_kernel(
     tl.store(ids_ptr + offs, top_i, mask=mask)
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #aee0c343
 def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool):
     "`moe_topk` in one launch: `(topk_weights [T, k] in the logits' dtype, topk_ids [T, k] int32)`."
     T, E = router_logits.shape
@@ -128,12 +129,12 @@ def fused_moe_reference(
     if w2_scale is not None:
         w2 = dequantize_blockwise(w2, w2_scale, block_size, x.dtype)
     T, K = topk_ids.shape
-    I = w2.shape[-1]
+    NI = w2.shape[-1]
     out = torch.zeros(T, K, x.shape[-1], dtype=x.dtype, device=x.device)
     for e in torch.unique(topk_ids).tolist():
         tok, kk = torch.nonzero(topk_ids == e, as_tuple=True)
         gu = F.linear(x[tok], w13[e])
-        h = F.silu(gu[:, :I]) * gu[:, I:]
+        h = F.silu(gu[:, :NI]) * gu[:, NI:]
         out[tok, kk] = (F.linear(h, w2[e]) * topk_weights[tok, kk, None]).to(x.dtype)
     return out.sum(1, dtype=torch.float32).to(x.dtype)
 
@@ -147,14 +148,17 @@ def dequantize_blockwise(
     want = (-(-N // block_size), -(-K // block_size))
     if tuple(scale.shape[-2:]) != want:
         raise ValueError(
-            f"scale shape {tuple(scale.shape)} does not fit weight {tuple(w.shape)} in {block_size}-blocks (want {want})"
+            f"scale shape {tuple(scale.shape)} does not fit weight {tuple(w.shape)} "
+            f"in {block_size}-blocks (want {want})"
         )
     s = scale.float().repeat_interleave(block_size, -2)[..., :N, :].repeat_interleave(block_size, -1)[..., :K]
     return (w.float() * s).to(dtype)
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #ea04ab4d
 def quantize_blockwise(w: torch.Tensor, block_size: int = 128):
-    "`(w8 float8_e4m3fn, scale_inv float32)` with each block scaled to the e4m3 range: the inverse of `dequantize_blockwise`."
+    """`(w8 float8_e4m3fn, scale_inv float32)` with each block scaled to the e4m3 range: the inverse of
+    `dequantize_blockwise`."""
     N, K = w.shape[-2:]
     nb, kb = -(-N // block_size), -(-K // block_size)
     pad = F.pad(w.float(), (0, kb * block_size - K, 0, nb * block_size - N))
@@ -167,10 +171,12 @@ def quantize_blockwise(w: torch.Tensor, block_size: int = 128):
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #6098dcd2
 def max_padded_slots(num_slots: int, num_experts: int, block_m: int) -> int:
-    "Upper bound of the padded slot count (a multiple of `block_m`): each expert adds fewer than `block_m` pads, each slot fills at most one block."
+    """Upper bound of the padded slot count (a multiple of `block_m`): each expert adds fewer than `block_m` pads, each
+    slot fills at most one block."""
     return min(num_slots + num_experts * (block_m - 1), num_slots * block_m) // block_m * block_m
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #b0a170f7
 def align_reference(topk_ids: torch.Tensor, block_m: int, num_experts: int):
     "`(sorted_slots, block_experts, total)` by Python loops: experts in order, each run padded to `block_m` with `S`."
     ids, S = topk_ids.flatten().tolist(), topk_ids.numel()
@@ -237,6 +243,7 @@ def _moe_align_kernel(
 ALIGN_KERNEL_MAX_SLOTS = 4096
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #4214ff2f
 def _align_by_sort(ids, block_m, num_experts, sorted_slots, block_experts, total):
     "The alignment from PyTorch ops of fixed size (stable sort, scatters, sorted search) into the given outputs."
     S, ids = ids.numel(), ids.long()
@@ -253,15 +260,21 @@ def _align_by_sort(ids, block_m, num_experts, sorted_slots, block_experts, total
     total.copy_(ends[-1:])
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #35c8587e
+def _align_outputs(n_max: int, block_m: int, dev):
+    "Empty `(sorted_slots, block_experts, total)` for an alignment of at most `n_max` padded slots."
+    sorted_slots = torch.empty(n_max, dtype=torch.int32, device=dev)
+    block_experts = torch.empty(n_max // block_m, dtype=torch.int32, device=dev)
+    total = torch.empty(1, dtype=torch.int32, device=dev)
+    return sorted_slots, block_experts, total
+
+
 # %% ../../kernels_nb/14_fused_moe.ipynb #26ccae74
 def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, method: str | None = None):
     "`(sorted_slots [n_max] int32, block_experts [n_max/block_m] int32, total [1] int32)`, computed on the device."
     S = topk_ids.numel()
     n_max = max_padded_slots(S, num_experts, block_m)
-    dev = topk_ids.device
-    sorted_slots = torch.empty(n_max, dtype=torch.int32, device=dev)
-    block_experts = torch.empty(n_max // block_m, dtype=torch.int32, device=dev)
-    total = torch.empty(1, dtype=torch.int32, device=dev)
+    sorted_slots, block_experts, total = _align_outputs(n_max, block_m, topk_ids.device)
     if S == 0:
         return sorted_slots, block_experts, total.zero_()
     ids = topk_ids.reshape(-1).to(torch.int32)
@@ -301,6 +314,7 @@ def _e4m3_to_f32(b):
     return tl.where(exp == 0, tl.where(sign == 1, -sub, sub), normal)
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #8191fbfb
 @triton.jit
 def _load_weight(ptrs, mask, FP8: tl.constexpr, WIDEN: tl.constexpr):
     "A weight tile as stored, or (`WIDEN`) fp8 bytes rebuilt as float32."
@@ -308,6 +322,64 @@ def _load_weight(ptrs, mask, FP8: tl.constexpr, WIDEN: tl.constexpr):
     if FP8 and WIDEN:
         w = _e4m3_to_f32(w)
     return w
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #743e4158
+@triton.jit
+def _zero_sums(z_ptr, ZN, pid_n, ZBLOCK: tl.constexpr):
+    "Zero `ZN` float32 sums, strided over the programs of axis 1."
+    zr = tl.arange(0, ZBLOCK)
+    for z0 in range(pid_n * ZBLOCK, ZN, tl.num_programs(1) * ZBLOCK):
+        tl.store(z_ptr + z0 + zr, tl.zeros([ZBLOCK], dtype=tl.float32), mask=z0 + zr < ZN)
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #9559a696
+@triton.jit
+def _gate_up_acc(
+    x_ptrs,
+    g_ptrs,
+    ws_e,
+    rn,
+    m_mask,
+    n_mask,
+    H,
+    NI,
+    s_wn,
+    s_sn,
+    s_sk,
+    FP8: tl.constexpr,
+    WIDEN: tl.constexpr,
+    SB: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    "The gate and up sums of one tile over the `H` inputs, in float32; fp8 partial products scaled per column."
+    rk = tl.arange(0, BLOCK_K)
+    u_ptrs = g_ptrs + NI * s_wn  # up rows, I further on
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k_mask = k0 + rk < H
+        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        w_mask = k_mask[:, None] & n_mask[None, :]
+        wg = _load_weight(g_ptrs, w_mask, FP8, WIDEN).to(x.dtype)
+        wu = _load_weight(u_ptrs, w_mask, FP8, WIDEN).to(x.dtype)
+        if IEEE:
+            pg, pu = tl.dot(x, wg, input_precision="ieee"), tl.dot(x, wu, input_precision="ieee")
+        else:
+            pg, pu = tl.dot(x, wg), tl.dot(x, wu)
+        if FP8:
+            s_ptr = ws_e + (k0 // SB) * s_sk
+            pg *= tl.load(s_ptr + (rn // SB) * s_sn, mask=n_mask, other=0.0)[None, :]
+            pu *= tl.load(s_ptr + ((rn + NI) // SB) * s_sn, mask=n_mask, other=0.0)[None, :]
+        acc_g += pg
+        acc_u += pu
+        x_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    return acc_g, acc_u
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #6c2c69b5
@@ -323,7 +395,7 @@ def _moe_gate_up_kernel(
     z_ptr,
     S,
     H,
-    I,
+    NI,
     ZN,
     s_xt,
     s_we,
@@ -346,9 +418,7 @@ def _moe_gate_up_kernel(
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if ZERO:  # the first block's programs zero the down kernel's [T, H] sums
         if pid_m == 0:
-            zr = tl.arange(0, ZBLOCK)
-            for z0 in range(pid_n * ZBLOCK, ZN, tl.num_programs(1) * ZBLOCK):
-                tl.store(z_ptr + z0 + zr, tl.zeros([ZBLOCK], dtype=tl.float32), mask=z0 + zr < ZN)
+            _zero_sums(z_ptr, ZN, pid_n, ZBLOCK)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
     e = tl.load(bexp_ptr + pid_m).to(tl.int64)
@@ -356,38 +426,59 @@ def _moe_gate_up_kernel(
     m_mask = slot < S
     tok = (slot // TOP_K).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rn < I
+    n_mask = rn < NI
     rk = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + tok[:, None] * s_xt + rk[None, :]
     g_ptrs = w_ptr + e * s_we + rn.to(tl.int64)[None, :] * s_wn + rk[:, None]  # [BLOCK_K, BLOCK_N], gate rows
-    u_ptrs = g_ptrs + I * s_wn  # up rows, I further on
+    ws = ws_ptr + e * s_se  # this expert's scales (unread without FP8)
+    acc_g, acc_u = _gate_up_acc(
+        x_ptrs, g_ptrs, ws, rn, m_mask, n_mask, H, NI, s_wn, s_sn, s_sk, FP8, WIDEN, SB, IEEE, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     DT = x_ptr.dtype.element_ty
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        k_mask = k0 + rk < H
-        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w_mask = k_mask[:, None] & n_mask[None, :]
-        wg = _load_weight(g_ptrs, w_mask, FP8, WIDEN).to(DT)
-        wu = _load_weight(u_ptrs, w_mask, FP8, WIDEN).to(DT)
-        if IEEE:
-            pg, pu = tl.dot(x, wg, input_precision="ieee"), tl.dot(x, wu, input_precision="ieee")
-        else:
-            pg, pu = tl.dot(x, wg), tl.dot(x, wu)
-        if FP8:
-            s_ptr = ws_ptr + e * s_se + (k0 // SB) * s_sk
-            pg *= tl.load(s_ptr + (rn // SB) * s_sn, mask=n_mask, other=0.0)[None, :]
-            pu *= tl.load(s_ptr + ((rn + I) // SB) * s_sn, mask=n_mask, other=0.0)[None, :]
-        acc_g += pg
-        acc_u += pu
-        x_ptrs += BLOCK_K
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
     g = acc_g.to(DT).to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32)
     h = act * acc_u.to(DT).to(tl.float32)
-    out_ptrs = out_ptr + slot.to(tl.int64)[:, None] * I + rn[None, :]
+    out_ptrs = out_ptr + slot.to(tl.int64)[:, None] * NI + rn[None, :]
     tl.store(out_ptrs, h.to(DT), mask=m_mask[:, None] & n_mask[None, :])
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #d6b71a4b
+@triton.jit
+def _down_acc(
+    h_ptrs,
+    w_ptrs,
+    ws_e,
+    rn,
+    m_mask,
+    n_mask,
+    NI,
+    s_sn,
+    s_sk,
+    FP8: tl.constexpr,
+    WIDEN: tl.constexpr,
+    SB: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    "The down sums of one tile over the `I` intermediate features, in float32; fp8 partial products scaled per column."
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, NI, BLOCK_K):
+        k_mask = k0 + rk < NI
+        h = tl.load(h_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        w = _load_weight(w_ptrs, k_mask[:, None] & n_mask[None, :], FP8, WIDEN).to(h.dtype)
+        if IEEE:
+            p = tl.dot(h, w, input_precision="ieee")
+        else:
+            p = tl.dot(h, w)
+        if FP8:
+            p *= tl.load(ws_e + (rn // SB) * s_sn + (k0 // SB) * s_sk, mask=n_mask, other=0.0)[None, :]
+        acc += p
+        h_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    return acc
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #0e13ce5c
@@ -403,7 +494,7 @@ def _moe_down_kernel(
     total_ptr,
     S,
     H,
-    I,
+    NI,
     s_we,
     s_wn,
     s_se,
@@ -419,7 +510,8 @@ def _moe_down_kernel(
     SUM_TOPK: tl.constexpr,
     TOP_K: tl.constexpr,
 ):
-    "`out[slot] = topk_weight[slot] * (h[slot] @ down_e.T)` for one tile of one expert's rows; `SUM_TOPK`: added into float32 `out[slot // k]`."
+    """`out[slot] = topk_weight[slot] * (h[slot] @ down_e.T)` for one tile of one expert's rows;
+    `SUM_TOPK`: added into float32 `out[slot // k]`."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
@@ -430,23 +522,13 @@ def _moe_down_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < H
     rk = tl.arange(0, BLOCK_K)
-    h_ptrs = h_ptr + rows[:, None] * I + rk[None, :]
+    h_ptrs = h_ptr + rows[:, None] * NI + rk[None, :]
     w_ptrs = w_ptr + e * s_we + rn.to(tl.int64)[None, :] * s_wn + rk[:, None]
     DT = h_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        k_mask = k0 + rk < I
-        h = tl.load(h_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w = _load_weight(w_ptrs, k_mask[:, None] & n_mask[None, :], FP8, WIDEN).to(DT)
-        if IEEE:
-            p = tl.dot(h, w, input_precision="ieee")
-        else:
-            p = tl.dot(h, w)
-        if FP8:
-            p *= tl.load(ws_ptr + e * s_se + (rn // SB) * s_sn + (k0 // SB) * s_sk, mask=n_mask, other=0.0)[None, :]
-        acc += p
-        h_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    ws_e = ws_ptr + e * s_se  # this expert's scales (unread without FP8)
+    acc = _down_acc(
+        h_ptrs, w_ptrs, ws_e, rn, m_mask, n_mask, NI, s_sn, s_sk, FP8, WIDEN, SB, IEEE, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     tw = tl.load(tw_ptr + slot, mask=m_mask, other=0.0).to(tl.float32)
     y = acc.to(DT).to(tl.float32) * tw[:, None]
     mask = m_mask[:, None] & n_mask[None, :]
@@ -465,14 +547,15 @@ DEFAULTS = {
 }
 
 
-def _config(T: int, E: int, H: int, I: int, top_k: int, dtype, fp8: bool, device_type: str = "cuda") -> dict:
+# %% ../../kernels_nb/14_fused_moe.ipynb #bf59657f
+def _config(T: int, E: int, H: int, NI: int, top_k: int, dtype, fp8: bool, device_type: str = "cuda") -> dict:
     "Launch parameters: the rule by expected rows per expert, or this GPU's tuned entry."
     if device_type != "cuda":
         rule = DEFAULTS["interpret"]
     else:
         rule = DEFAULTS["decode" if T * top_k <= 16 * E else "prefill"]
-    key = (str(dtype).replace("torch.", ""), "fp8" if fp8 else "w16", E, H, I, top_k, autotune.shape_bucket(T))
-    return autotune.lookup("fused_moe", key, dict(rule), device_type)
+    key = (str(dtype).replace("torch.", ""), "fp8" if fp8 else "w16", E, H, NI, top_k, tuned.shape_bucket(T))
+    return tuned.lookup("fused_moe", key, dict(rule), device_type)
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #270e10bf
@@ -502,52 +585,10 @@ def _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size):
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #170dadf3
-def fused_moe(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    w13_scale: torch.Tensor | None = None,
-    w2_scale: torch.Tensor | None = None,
-    block_size: int = 128,
-    config: dict | None = None,
-) -> torch.Tensor:
-    "The sparse MLP of `x [T, H]` over experts `w13 [E, 2I, H]`, `w2 [E, H, I]` (16-bit, or fp8 with block scales): `[T, H]`."
-    T, H, E, I, K, fp8 = _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
-    if T == 0:
-        return x.new_empty(0, H)
-    cfg = {**_config(T, E, H, I, K, x.dtype, fp8, x.device.type), **(config or {})}
-    if fp8 and block_size % cfg["BLOCK_K"]:
-        cfg["BLOCK_K"] = block_size  # a K slice may not straddle two scale blocks
-    bm, S = cfg["BLOCK_M"], T * K
-    sorted_slots, block_experts, total = moe_align_block_size(topk_ids, bm, E)
-    x = x.contiguous()
-    widen = fp8 and x.device.type != "cuda"
-    if widen:
-        w13, w2 = w13.view(torch.uint8), w2.view(torch.uint8)
-    s13 = w13_scale if fp8 else x  # any pointer; not read without fp8
-    s2 = w2_scale if fp8 else x
-    ss13 = w13_scale.stride() if fp8 else (0, 0, 0)
-    ss2 = w2_scale.stride() if fp8 else (0, 0, 0)
-    common = dict(
-        FP8=fp8,
-        WIDEN=widen,
-        SB=block_size,
-        IEEE=x.dtype == torch.float32,
-        BLOCK_M=bm,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )
-    h = torch.empty(S, I, dtype=x.dtype, device=x.device)
-    fuse = bool(cfg.get("SUM_TOPK", False))
-    y = (
-        torch.empty(T, H, dtype=torch.float32, device=x.device)
-        if fuse
-        else torch.empty(S, H, dtype=x.dtype, device=x.device)
-    )
-    n_blocks = block_experts.numel()
-    _moe_gate_up_kernel[(n_blocks, triton.cdiv(I, cfg["BLOCK_N"]))](
+def _gate_up(x, w13, s13, ss13, h, y, align, S, H, NI, T, K, fuse, cfg, common):
+    "Launch the gate|up kernel over every block of `align = (sorted_slots, block_experts, total)`."
+    sorted_slots, block_experts, total = align
+    _moe_gate_up_kernel[(block_experts.numel(), triton.cdiv(NI, cfg["BLOCK_N"]))](
         x,
         w13,
         s13,
@@ -558,7 +599,7 @@ def fused_moe(
         y,
         S,
         H,
-        I,
+        NI,
         T * H if fuse else 0,
         x.stride(0),
         w13.stride(0),
@@ -571,7 +612,13 @@ def fused_moe(
         ZBLOCK=1024,
         **common,
     )
-    _moe_down_kernel[(n_blocks, triton.cdiv(H, cfg["DOWN_BLOCK_N"]))](
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #6f21e293
+def _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common):
+    "Launch the down kernel over every block of `align = (sorted_slots, block_experts, total)`."
+    sorted_slots, block_experts, total = align
+    _moe_down_kernel[(block_experts.numel(), triton.cdiv(H, cfg["DOWN_BLOCK_N"]))](
         h,
         w2,
         s2,
@@ -582,16 +629,54 @@ def fused_moe(
         total,
         S,
         H,
-        I,
+        NI,
         w2.stride(0),
         w2.stride(1),
         *ss2,
         BLOCK_N=cfg["DOWN_BLOCK_N"],
-        BLOCK_K=min(cfg["BLOCK_K"], max(16, triton.next_power_of_2(I))),
+        BLOCK_K=min(cfg["BLOCK_K"], max(16, triton.next_power_of_2(NI))),
         SUM_TOPK=fuse,
         TOP_K=K,
         **common,
     )
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #05b5e3b2
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    block_size: int = 128,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """The sparse MLP of `x [T, H]` over experts `w13 [E, 2I, H]`, `w2 [E, H, I]`
+    (16-bit, or fp8 with block scales): `[T, H]`."""
+    T, H, E, NI, K, fp8 = _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
+    if T == 0:
+        return x.new_empty(0, H)
+    cfg = {**_config(T, E, H, NI, K, x.dtype, fp8, x.device.type), **(config or {})}
+    if fp8 and block_size % cfg["BLOCK_K"]:
+        cfg["BLOCK_K"] = block_size  # a K slice may not straddle two scale blocks
+    bm, S = cfg["BLOCK_M"], T * K
+    align = moe_align_block_size(topk_ids, bm, E)
+    x = x.contiguous()
+    widen = fp8 and x.device.type != "cuda"
+    if widen:
+        w13, w2 = w13.view(torch.uint8), w2.view(torch.uint8)
+    s13, s2 = (w13_scale, w2_scale) if fp8 else (x, x)  # any pointer; not read without fp8
+    ss13, ss2 = (w13_scale.stride(), w2_scale.stride()) if fp8 else ((0, 0, 0), (0, 0, 0))
+    ieee, nw, ns = x.dtype == torch.float32, cfg["num_warps"], cfg["num_stages"]
+    common = dict(FP8=fp8, WIDEN=widen, SB=block_size, IEEE=ieee, BLOCK_M=bm, num_warps=nw, num_stages=ns)
+    h = torch.empty(S, NI, dtype=x.dtype, device=x.device)
+    fuse = bool(cfg.get("SUM_TOPK", False))
+    y_shape, y_dtype = ((T, H), torch.float32) if fuse else ((S, H), x.dtype)
+    y = torch.empty(y_shape, dtype=y_dtype, device=x.device)
+    _gate_up(x, w13, s13, ss13, h, y, align, S, H, NI, T, K, fuse, cfg, common)
+    _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common)
     if fuse:
         return y.to(x.dtype)  # the float32 sums, rounded once
     return y.view(T, K, H).sum(1)  # torch sums 16-bit floats in float32 and rounds once: one launch, not two

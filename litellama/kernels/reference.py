@@ -1,4 +1,4 @@
-"""The operations every model in litellama is built from, and the sampler's random draw, written in plain PyTorch. They define the semantics every faster backend must reproduce.
+"""The ops every litellama model is built from, and the sampler's random draw, in plain PyTorch.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/reference.html.md"""
 
@@ -23,8 +23,6 @@ __all__ = [
 ]
 
 # %% ../../kernels_nb/00_reference.ipynb #fd650490
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -46,7 +44,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 # %% ../../kernels_nb/00_reference.ipynb #cb77ef03
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
-    "Rotate `q` `[T, Hq, D]` and `k` `[T, Hk, D]` by their `positions` `[T]` (rotate-half layout); returns new `(q, k)`."
+    """Rotate `q` `[T, Hq, D]` and `k` `[T, Hk, D]` by their `positions` `[T]` (rotate-half layout); returns new `(q,
+    k)`."""
     cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)  # [T, D/2] each
     cos, sin = torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None]
 
@@ -78,7 +77,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def store_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    "Write `k`, `v` `[T, Hk, D]` into the caches `[num_blocks, block_size, Hk, D]` at `slot_mapping` `[T]` (in place; -1 skips)."
+    """Write `k`, `v` `[T, Hk, D]` into the caches `[num_blocks, block_size, Hk, D]` at `slot_mapping` `[T]` (in place;
+    -1 skips)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     for x, cache in ((k, k_cache), (v, v_cache)):
@@ -159,7 +159,8 @@ def prefill_attention(
     scale: float,
     max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
-    "Causal attention for packed query chunks `q` `[T, Hq, D]` (`cu_seqlens_q` `[B+1]`) over each sequence's cached K/V."
+    """Causal attention for packed query chunks `q` `[T, Hq, D]` (`cu_seqlens_q` `[B+1]`) over each sequence's cached
+    K/V."""
     out = torch.empty_like(q)
     cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
     for b in range(len(lens)):
@@ -220,7 +221,8 @@ def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int | torch.T
 def gumbel_argmax(
     logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
 ) -> torch.Tensor:
-    "Per row of `logits` `[S, V]`, `argmax(logits / T - log(-log(u)))` with `u = uniform_noise(seeds, steps)`; rows with `T = 0` are undefined."
+    """Per row of `logits` `[S, V]`, `argmax(logits / T - log(-log(u)))` with `u = uniform_noise(seeds, steps)`; rows
+    with `T = 0` are undefined."""
 
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))[:, None]
     return (logits.float() / t - (-uniform_noise(seeds, steps, logits.shape[-1]).log()).log()).argmax(-1)

@@ -1,4 +1,4 @@
-"""Which implementation of each op runs, why, and how to change it: probed backends, a priority order, environment overrides and `explain_selection()`.
+"""Which implementation of each op runs, why, and how to change it.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/registry.html.md"""
 
@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..utils import patch
+
 # %% ../../kernels_nb/01_registry.ipynb #6e8c71cf
 OPS = (
     "linear",
@@ -42,6 +44,8 @@ OPS = (
     "decode_attention",
     "gumbel_argmax",
 )
+
+# %% ../../kernels_nb/01_registry.ipynb #63f7e4d5
 HEAD_DIM_ARG = {
     "rotary_embedding": 1,
     "rope_and_store_kv": 1,
@@ -64,19 +68,25 @@ class Backend:
     shapes: dict = field(default_factory=dict)  # op -> "module:function", (head_dim) -> None, or why it declines
     _loaded: dict = field(default_factory=dict, repr=False)
 
-    def load(self, op: str) -> Callable:
-        "Import and return the implementation of `op` (cached)."
-        if op not in self._loaded:
-            mod, fn = self.impls[op].split(":")
-            self._loaded[op] = getattr(importlib.import_module(mod), fn)
-        return self._loaded[op]
 
-    def declines(self, op: str, head_dim: int | None) -> str | None:
-        "Why this backend's `op` cannot take heads of `head_dim`, or None when it can (or the head size is unknown)."
-        if head_dim is None or op not in self.shapes:
-            return None
-        mod, fn = self.shapes[op].split(":")
-        return getattr(importlib.import_module(mod), fn)(head_dim)
+# %% ../../kernels_nb/01_registry.ipynb #f4861c5a
+@patch
+def load(self: Backend, op: str) -> Callable:
+    "Import and return the implementation of `op` (cached)."
+    if op not in self._loaded:
+        mod, fn = self.impls[op].split(":")
+        self._loaded[op] = getattr(importlib.import_module(mod), fn)
+    return self._loaded[op]
+
+
+# %% ../../kernels_nb/01_registry.ipynb #2ee62d08
+@patch
+def declines(self: Backend, op: str, head_dim: int | None) -> str | None:
+    "Why this backend's `op` cannot take heads of `head_dim`, or None when it can (or the head size is unknown)."
+    if head_dim is None or op not in self.shapes:
+        return None
+    mod, fn = self.shapes[op].split(":")
+    return getattr(importlib.import_module(mod), fn)(head_dim)
 
 
 # %% ../../kernels_nb/01_registry.ipynb #91f9fb21
@@ -84,6 +94,7 @@ def _probe_torch(device_type):
     return True, "pure PyTorch, runs on every device"
 
 
+# %% ../../kernels_nb/01_registry.ipynb #b533fb25
 def _probe_triton(device_type):
     try:
         import triton  # noqa: F401
@@ -133,6 +144,8 @@ _VISION = {
     "quick_gelu": "quick_gelu",
     "vision_attention": "vision_attention_sdpa",
 }
+
+# %% ../../kernels_nb/01_registry.ipynb #4ce7e71e
 OPS += tuple(_VISION)
 BACKENDS["triton"].impls.update({op: _K + f"vision:{fn}" for op, fn in _VISION.items()})
 BACKENDS["torch"].impls.update({op: _K + f"vision:{op}_ref" for op in _VISION})
@@ -171,20 +184,27 @@ def _env_choice(op):
 
 
 # %% ../../kernels_nb/01_registry.ipynb #5f2b66bc
+def _forced(op, forced, var, device_type, head_dim):
+    "`(forced, reason)` for a backend the environment forces, or a one-line error saying why it cannot run."
+    if forced not in BACKENDS:
+        raise ValueError(f"{var}={forced}: unknown backend; backends are: {', '.join(BACKENDS)}")
+    ok, why = BACKENDS[forced].probe(device_type)
+    if not ok:
+        raise RuntimeError(f"{var}={forced} forces a backend that cannot run on {device_type}: {why}")
+    if no := BACKENDS[forced].declines(op, head_dim):
+        raise ValueError(f"{var}={forced}: the {forced} {op} kernel cannot take this model: {no}")
+    return forced, f"forced by {var} ({why})"
+
+
+# %% ../../kernels_nb/01_registry.ipynb #b08b6e02
 def choose(op: str, device_type: str = "cpu", head_dim: int | None = None):
-    "`(backend_name, reason)` for `op` on `device_type` with heads of `head_dim`; raises when a forced backend cannot run."
+    """`(backend_name, reason)` for `op` on `device_type` with heads of `head_dim`;
+    raises when a forced backend cannot run."""
     if op not in OPS:
         raise ValueError(f"unknown op '{op}'; ops are: {', '.join(OPS)}")
     forced, var = _env_choice(op)
     if forced:
-        if forced not in BACKENDS:
-            raise ValueError(f"{var}={forced}: unknown backend; backends are: {', '.join(BACKENDS)}")
-        ok, why = BACKENDS[forced].probe(device_type)
-        if not ok:
-            raise RuntimeError(f"{var}={forced} forces a backend that cannot run on {device_type}: {why}")
-        if no := BACKENDS[forced].declines(op, head_dim):
-            raise ValueError(f"{var}={forced}: the {forced} {op} kernel cannot take this model: {no}")
-        return forced, f"forced by {var} ({why})"
+        return _forced(op, forced, var, device_type, head_dim)
     skipped, fell_back = [], False
     for name in PRIORITY:
         b = BACKENDS[name]
@@ -214,38 +234,6 @@ class Ops:
     def __init__(self):
         self._table, self._warned, self.head_dims = {}, set(), {}
 
-    def resolve(self, op: str, device_type: str, head_dim: int | None = None) -> Callable:
-        "The implementation of `op` on `device_type` for `head_dim`, falling back to the reference (with one warning) if loading fails."
-        key = (op, device_type, head_dim)
-        if key not in self._table:
-            name, why = choose(op, device_type, head_dim)
-            try:
-                fn = BACKENDS[name].load(op)
-            except ImportError as e:
-                if _env_choice(op)[0]:
-                    raise
-                if name not in self._warned:
-                    warnings.warn(f"litellama: backend '{name}' failed to load ({e}); using the torch reference")
-                    self._warned.add(name)
-                fn = BACKENDS["torch"].load(op)
-            self._table[key] = fn
-        return self._table[key]
-
-    def reset(self):
-        "Forget every choice (after changing the environment)."
-        self._table.clear()
-
-    def configure(self, device_type: str, head_dim: int) -> dict:
-        """A model's head size, given once when it is built: every op is chosen (and loaded) for it now, so that a forced
-        backend that cannot take it fails here, and `explain_selection`/`graphs_supported` report for it. `{op: backend}`."""
-        self.head_dims[device_type] = head_dim
-        chosen = {}
-        for op in OPS:
-            hd = head_dim if op in HEAD_DIM_ARG else None
-            self.resolve(op, device_type, hd)
-            chosen[op] = choose(op, device_type, hd)[0]
-        return chosen
-
     def __getattr__(self, op):
         if op not in OPS:
             raise AttributeError(op)
@@ -259,12 +247,59 @@ class Ops:
         return call
 
 
+# %% ../../kernels_nb/01_registry.ipynb #650228f1
+@patch
+def resolve(self: Ops, op: str, device_type: str, head_dim: int | None = None) -> Callable:
+    """The implementation of `op` on `device_type` for `head_dim`,
+    falling back to the reference (with one warning) if loading fails."""
+    key = (op, device_type, head_dim)
+    if key not in self._table:
+        name, why = choose(op, device_type, head_dim)
+        try:
+            fn = BACKENDS[name].load(op)
+        except ImportError as e:
+            if _env_choice(op)[0]:
+                raise
+            if name not in self._warned:
+                warnings.warn(
+                    f"litellama: backend '{name}' failed to load ({e}); using the torch reference", stacklevel=2
+                )
+                self._warned.add(name)
+            fn = BACKENDS["torch"].load(op)
+        self._table[key] = fn
+    return self._table[key]
+
+
+# %% ../../kernels_nb/01_registry.ipynb #1869c533
+@patch
+def reset(self: Ops):
+    "Forget every choice (after changing the environment)."
+    self._table.clear()
+
+
+# %% ../../kernels_nb/01_registry.ipynb #05d688f4
+@patch
+def configure(self: Ops, device_type: str, head_dim: int) -> dict:
+    """A model's head size, given once when it is built: every op is chosen (and loaded) for it now, so that a forced
+    backend that cannot take it fails here, and `explain_selection`/`graphs_supported` report for it.
+    Returns `{op: backend}`."""
+    self.head_dims[device_type] = head_dim
+    chosen = {}
+    for op in OPS:
+        hd = head_dim if op in HEAD_DIM_ARG else None
+        self.resolve(op, device_type, hd)
+        chosen[op] = choose(op, device_type, hd)[0]
+    return chosen
+
+
+# %% ../../kernels_nb/01_registry.ipynb #d8f07a2d
 ops = Ops()
 
 
 # %% ../../kernels_nb/01_registry.ipynb #4410f7e5
 def graphs_supported(device_type: str = "cuda", head_dim: int | None = None):
-    "`(ok, reason)`: can every op, as chosen for `head_dim` (default: the configured model's), be recorded in a CUDA graph?"
+    """`(ok, reason)`: can every op, as chosen for `head_dim` (default: the configured model's),
+    be recorded in a CUDA graph?"""
     head_dim = head_dim or ops.head_dims.get(device_type)
     chosen = {op: choose(op, device_type, head_dim if op in HEAD_DIM_ARG else None)[0] for op in OPS}
     bad = [f"{op} ({name})" for op, name in chosen.items() if not BACKENDS[name].graph_safe]
@@ -286,6 +321,7 @@ def selection(device_type: str | None = None, head_dim: int | None = None) -> di
     return res
 
 
+# %% ../../kernels_nb/01_registry.ipynb #7b4b1222
 def explain_selection(device_type: str | None = None, head_dim: int | None = None) -> str:
     "Print, and return, the backend every op uses on `device_type` (for heads of `head_dim`) and why."
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")

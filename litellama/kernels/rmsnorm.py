@@ -1,4 +1,4 @@
-"""`rms_norm` and `fused_add_rms_norm` as one Triton kernel that reads each row once: same contract as `reference.rms_norm`, bound only by memory bandwidth.
+"""`rms_norm` and `fused_add_rms_norm` as one Triton kernel that reads each row once.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/rmsnorm.html.md"""
 
@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune, reference
+from . import reference, tuned
 
 
 # %% ../../kernels_nb/02_rmsnorm.ipynb #3468cf0f
@@ -58,12 +58,13 @@ def _rms_norm_kernel(
 DEFAULTS = {"tile": 4096, "max_rows": 64, "min_programs": 264, "max_warps": 16}
 
 
+# %% ../../kernels_nb/02_rmsnorm.ipynb #43304a0f
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Block sizes and warps for rows of `n_cols` elements (and `n_rows` rows, if known)."
     block = triton.next_power_of_2(n_cols)
-    rows = autotune.rows_per_program(block, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
+    rows = tuned.rows_per_program(block, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
     cfg = dict(BLOCK_N=block, ROWS=rows, num_warps=min(DEFAULTS["max_warps"], max(4, block * rows // 1024)))
-    return autotune.lookup("rmsnorm", (n_cols, autotune.shape_bucket(n_rows or 1)), cfg)
+    return tuned.lookup("rmsnorm", (n_cols, tuned.shape_bucket(n_rows or 1)), cfg)
 
 
 # %% ../../kernels_nb/02_rmsnorm.ipynb #0548742e
@@ -78,6 +79,7 @@ def _rows(x: torch.Tensor):
     return x, 1, x.stride(0), 0
 
 
+# %% ../../kernels_nb/02_rmsnorm.ipynb #f5fa0fc0
 def _launch(x, residual, weight, eps):
     N, n_rows = x.shape[-1], x.numel() // max(x.shape[-1], 1)
     dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
@@ -116,6 +118,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _launch(x, None, weight, eps)[0]
 
 
+# %% ../../kernels_nb/02_rmsnorm.ipynb #d3654811
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     "`residual + x`, then RMSNorm of it: returns `(normed, new_residual)`."
     assert x.shape == residual.shape, f"x {tuple(x.shape)} and residual {tuple(residual.shape)} differ"
@@ -127,57 +130,66 @@ TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 HIDDEN = (1024, 2048, 4096, 8192)
 
 
+# %% ../../kernels_nb/02_rmsnorm.ipynb #25fa5ead
+def _timed_rows(rows: list, timer, op, shape, dtype, nbytes, fns: dict) -> None:
+    "Time each backend's function in `fns` and append one row per backend to `rows`."
+    for backend, fn in fns.items():
+        ms = timer(fn)
+        dt = str(dtype).replace("torch.", "")
+        rows.append(dict(op=op, backend=backend, shape=shape, dtype=dt, ms=ms, gbps=nbytes / ms / 1e6))
+
+
+# %% ../../kernels_nb/02_rmsnorm.ipynb #cc757f83
+def _bench_hidden(add, T: int, H: int, dtype, device) -> None:
+    "Both ops against the reference on `T x H` hidden states."
+    e = torch.finfo(dtype).bits // 8
+    x, r, w = (
+        torch.randn(T, H, device=device, dtype=dtype),
+        torch.randn(T, H, device=device, dtype=dtype),
+        torch.ones(H, device=device, dtype=dtype),
+    )
+    add(
+        "rms_norm",
+        f"{T}x{H}",
+        dtype,
+        (2 * T * H + H) * e,
+        {"triton": lambda: rms_norm(x, w, 1e-6), "torch": lambda: reference.rms_norm(x, w, 1e-6)},
+    )
+    add(
+        "fused_add_rms_norm",
+        f"{T}x{H}",
+        dtype,
+        (4 * T * H + H) * e,
+        {
+            "triton": lambda: fused_add_rms_norm(x, r, w, 1e-6),
+            "torch": lambda: reference.fused_add_rms_norm(x, r, w, 1e-6),
+        },
+    )
+
+
+# %% ../../kernels_nb/02_rmsnorm.ipynb #7d0119b6
+def _bench_q_norm(add, T: int, dtype, device) -> None:
+    "The per-head q norm of the Qwen3-0.6B shape, on a view of the fused QKV output."
+    e = torch.finfo(dtype).bits // 8
+    qkv = torch.randn(T, (16 + 2 * 8) * 128, device=device, dtype=dtype)  # Qwen3-0.6B q norm on a QKV view
+    q, w = qkv[:, : 16 * 128].view(T, 16, 128), torch.ones(128, device=device, dtype=dtype)
+    add(
+        "rms_norm",
+        f"{T}x16x128",
+        dtype,
+        (2 * T * 16 * 128 + 128) * e,
+        {"triton": lambda: rms_norm(q, w, 1e-6), "torch": lambda: reference.rms_norm(q, w, 1e-6)},
+    )
+
+
+# %% ../../kernels_nb/02_rmsnorm.ipynb #eb09757b
 def benchmark(device="cuda", tokens=TOKENS, hidden=HIDDEN, dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     "Time `rms_norm`/`fused_add_rms_norm` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer, rows = timer or autotune.median_ms, []
-
-    def add(op, shape, dtype, nbytes, fns):
-        for backend, fn in fns.items():
-            ms = timer(fn)
-            rows.append(
-                dict(
-                    op=op,
-                    backend=backend,
-                    shape=shape,
-                    dtype=str(dtype).replace("torch.", ""),
-                    ms=ms,
-                    gbps=nbytes / ms / 1e6,
-                )
-            )
-
+    timer, rows = timer or tuned.median_ms, []
+    add = lambda *case: _timed_rows(rows, timer, *case)
     for dtype in dtypes:
-        e = torch.finfo(dtype).bits // 8
         for T in tokens:
             for H in hidden:
-                x, r, w = (
-                    torch.randn(T, H, device=device, dtype=dtype),
-                    torch.randn(T, H, device=device, dtype=dtype),
-                    torch.ones(H, device=device, dtype=dtype),
-                )
-                add(
-                    "rms_norm",
-                    f"{T}x{H}",
-                    dtype,
-                    (2 * T * H + H) * e,
-                    {"triton": lambda: rms_norm(x, w, 1e-6), "torch": lambda: reference.rms_norm(x, w, 1e-6)},
-                )
-                add(
-                    "fused_add_rms_norm",
-                    f"{T}x{H}",
-                    dtype,
-                    (4 * T * H + H) * e,
-                    {
-                        "triton": lambda: fused_add_rms_norm(x, r, w, 1e-6),
-                        "torch": lambda: reference.fused_add_rms_norm(x, r, w, 1e-6),
-                    },
-                )
-            qkv = torch.randn(T, (16 + 2 * 8) * 128, device=device, dtype=dtype)  # Qwen3-0.6B q norm on a QKV view
-            q, w = qkv[:, : 16 * 128].view(T, 16, 128), torch.ones(128, device=device, dtype=dtype)
-            add(
-                "rms_norm",
-                f"{T}x16x128",
-                dtype,
-                (2 * T * 16 * 128 + 128) * e,
-                {"triton": lambda: rms_norm(q, w, 1e-6), "torch": lambda: reference.rms_norm(q, w, 1e-6)},
-            )
+                _bench_hidden(add, T, H, dtype, device)
+            _bench_q_norm(add, T, dtype, device)
     return rows
