@@ -1,4 +1,4 @@
-"""A HuggingFace checkpoint directory in, a ready model out: `config.json` through `AutoConfig`, safetensors shards streamed tensor by tensor, legacy `.bin` files, and one clear line for every way a directory can be wrong.
+"""A HuggingFace checkpoint directory in, a ready model out, and one clear line for each way it can be wrong.
 
 Docs: https://litellama.github.io/litellama/nbs/loader.html.md"""
 
@@ -14,6 +14,7 @@ __all__ = [
     "resolve_device",
     "quantization_config",
     "load_model",
+    "load_sharded_model",
 ]
 
 # %% ../nbs/05_loader.ipynb #a7ffa25f
@@ -25,6 +26,7 @@ from transformers import AutoConfig
 
 from .layers import get_quant_config
 from .models.decoder import load_weights, model_class
+from .parallel_layers import parallelize, rank_config
 
 
 # %% ../nbs/05_loader.ipynb #3e8abfb4
@@ -115,6 +117,7 @@ def resolve_dtype(dtype, device, config=None) -> torch.dtype:
     return names[dtype]
 
 
+# %% ../nbs/05_loader.ipynb #6f7156f4
 def resolve_device(device) -> torch.device:
     "`'auto'` is the GPU when there is one, else the CPU."
     if device in (None, "auto"):
@@ -124,7 +127,8 @@ def resolve_device(device) -> torch.device:
 
 # %% ../nbs/05_loader.ipynb #ebd7f1ae
 def quantization_config(config, model_dir, quantization=None):
-    "The checkpoint's quantization scheme (`config.json`'s `quantization_config`, or GPTQ's `quantize_config.json`), or `quantization`'s."
+    """The checkpoint's quantization scheme (`config.json`'s `quantization_config`, or GPTQ's `quantize_config.json`),
+    or `quantization`'s."""
     qc = getattr(config, "quantization_config", None)
     side = Path(model_dir) / "quantize_config.json"
     if qc is None and side.exists():
@@ -143,7 +147,8 @@ def quantization_config(config, model_dir, quantization=None):
 
 # %% ../nbs/05_loader.ipynb #c4080f46
 def load_model(model_dir, dtype="auto", device="auto", quantization=None):
-    "Build the model class named by `model_dir`'s config (quantized as its checkpoint or `quantization` says) and load its weights: `(model, config)`."
+    """Build the model class named by `model_dir`'s config (quantized as its checkpoint or `quantization` says) and
+    load its weights: `(model, config)`."""
     config = load_config(model_dir)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device, config)
@@ -163,3 +168,23 @@ def load_model(model_dir, dtype="auto", device="auto", quantization=None):
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{Path(model_dir)}: {e.args[0]}") from None
     return model.eval(), getattr(model, "text_config", config)  # a vision-language model: its decoder's config
+
+
+# %% ../nbs/05_loader.ipynb #e22c9687
+def load_sharded_model(model_dir, rank: int, size: int, dtype="auto", device="auto", quantization=None):
+    "This rank's shard of the checkpoint at `model_dir`: `(model, full_config, rank_config)`."
+    config = load_config(model_dir)
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device, config)
+    try:
+        cls, rc = model_class(config), rank_config(config, size)
+    except ValueError as e:
+        raise CheckpointError(f"{model_dir}: {e}") from None
+    quant = quantization_config(config, model_dir, quantization)
+    with torch.device(device):
+        model = parallelize(cls(rc, dtype=dtype, device=device, quant=quant), config, rank, size)
+    try:
+        load_weights(model, iter_weights(weight_files(model_dir)))
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{model_dir}: {e.args[0]}") from None
+    return model.eval(), config, rc
