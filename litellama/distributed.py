@@ -68,18 +68,16 @@ class CollectiveStats:
     def __exit__(self, *exc):
         _WINDOWS.remove(self)
 
+    # in the class, not patched: a module-level `bytes` would shadow the builtin
+    def bytes(self, op: str | None = None, plane: str | None = None) -> int:
+        "Bytes this rank handed to collectives of `op` on `plane` (None: any)."
+        return sum(b for b, _ in self._match(op, plane))
+
 
 # %% ../nbs/24_distributed.ipynb #a5688fdc
 @patch
 def _match(self: CollectiveStats, op, plane):
     return [v for (o, p, _), v in self.rows.items() if (op is None or o == op) and (plane is None or p == plane)]
-
-
-# %% ../nbs/24_distributed.ipynb #28971062
-@patch
-def bytes(self: CollectiveStats, op: str | None = None, plane: str | None = None) -> int:
-    "Bytes this rank handed to collectives of `op` on `plane` (None: any)."
-    return sum(b for b, _ in self._match(op, plane))
 
 
 # %% ../nbs/24_distributed.ipynb #592f61f4

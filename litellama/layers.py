@@ -109,7 +109,7 @@ class Unquantized(LinearMethod):
 
 # %% ../nbs/02_layers.ipynb #2bff3c94
 @patch
-def create_weights(self: Unquantized, layer, dtype, device):  # noqa: F811 - a patched method: the name is set on the class
+def create_weights(self: Unquantized, layer, dtype, device):  # noqa: F811 (patched onto the class)
     layer.weight = nn.Parameter(
         torch.empty(layer.out_features, layer.in_features, dtype=dtype, device=device), requires_grad=False
     )
@@ -117,7 +117,7 @@ def create_weights(self: Unquantized, layer, dtype, device):  # noqa: F811 - a p
 
 # %% ../nbs/02_layers.ipynb #f44240b4
 @patch
-def apply(self: Unquantized, layer, x, bias=None):  # noqa: F811 - a patched method: the name is set on the class
+def apply(self: Unquantized, layer, x, bias=None):  # noqa: F811 (patched onto the class)
     return linear(x, layer.weight, bias)
 
 
@@ -172,7 +172,7 @@ def expected_shards(self: Linear, param_name: str):
 
 # %% ../nbs/02_layers.ipynb #f75925b5
 @patch
-def process_after_loading(self: Linear):  # noqa: F811 - a patched method: the name is set on the class
+def process_after_loading(self: Linear):  # noqa: F811 (patched onto the class)
     self.method.process_after_loading(self)
 
 
@@ -273,7 +273,7 @@ class Embedding(nn.Module):
 
 # %% ../nbs/02_layers.ipynb #b867a7e2
 @patch
-def forward(self: Embedding, ids):  # noqa: F811 - a patched method: the name is set on the class
+def forward(self: Embedding, ids):  # noqa: F811 (patched onto the class)
     return F.embedding(ids, self.weight)
 
 
@@ -289,7 +289,7 @@ class RMSNorm(nn.Module):
 
 # %% ../nbs/02_layers.ipynb #1ea40bfc
 @patch
-def forward(self: RMSNorm, x, residual=None):  # noqa: F811 - a patched method: the name is set on the class
+def forward(self: RMSNorm, x, residual=None):  # noqa: F811 (patched onto the class)
     if residual is None:
         return ops.rms_norm(x, self.weight, self.eps)
     return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
@@ -305,25 +305,25 @@ class TiedWeight(LinearMethod):
 
 # %% ../nbs/02_layers.ipynb #6586a706
 @patch
-def create_weights(self: TiedWeight, layer, dtype, device):  # noqa: F811 - a patched method: the name is set on the class
+def create_weights(self: TiedWeight, layer, dtype, device):  # noqa: F811 (patched onto the class)
     layer.weight = self.embedding.weight
 
 
 # %% ../nbs/02_layers.ipynb #3ed4ad9b
 @patch
-def expected(self: TiedWeight, layer, param_name):  # noqa: F811 - a patched method: the name is set on the class
+def expected(self: TiedWeight, layer, param_name):  # noqa: F811 (patched onto the class)
     return []
 
 
 # %% ../nbs/02_layers.ipynb #5af0096d
 @patch
-def load(self: TiedWeight, layer, param_name, tensor, shard=None):  # noqa: F811 - a patched method: the name is set on the class
+def load(self: TiedWeight, layer, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
     raise KeyError("a tied LM head loads no tensor of its own")
 
 
 # %% ../nbs/02_layers.ipynb #637b7201
 @patch
-def apply(self: TiedWeight, layer, x, bias=None):  # noqa: F811 - a patched method: the name is set on the class
+def apply(self: TiedWeight, layer, x, bias=None):  # noqa: F811 (patched onto the class)
     return linear(x, layer.weight, bias)
 
 
@@ -391,7 +391,7 @@ class RotaryEmbedding(nn.Module):
 
 # %% ../nbs/02_layers.ipynb #52b84551
 @patch
-def forward(self: RotaryEmbedding, positions, q, k):  # noqa: F811 - a patched method: the name is set on the class
+def forward(self: RotaryEmbedding, positions, q, k):  # noqa: F811 (patched onto the class)
     return ops.rotary_embedding(positions, q, k, self.cos_sin_cache)
 
 
@@ -411,5 +411,5 @@ class GatedMLP(nn.Module):
 
 # %% ../nbs/02_layers.ipynb #abeacbe0
 @patch
-def forward(self: GatedMLP, x):  # noqa: F811 - a patched method: the name is set on the class
+def forward(self: GatedMLP, x):  # noqa: F811 (patched onto the class)
     return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))

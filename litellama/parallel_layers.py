@@ -128,7 +128,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 # %% ../nbs/25_parallel_layers.ipynb #4f2f9281
 @patch
-def cut(self: QKVParallelLinear, param_name, tensor, shard=None):  # noqa: F811 - a patched method: the name is set on the class
+def cut(self: QKVParallelLinear, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
     if shard == "q":
         return _cut(tensor, 0, self.tp_rank, self.tp_size)
     return _cut(tensor, 0, self.tp_rank // self.kv_replicas, self.tp_size // self.kv_replicas)
@@ -156,13 +156,13 @@ class RowParallelLinear(Linear):
 
 # %% ../nbs/25_parallel_layers.ipynb #e6e49a96
 @patch
-def cut(self: RowParallelLinear, param_name, tensor, shard=None):  # noqa: F811 - a patched method: the name is set on the class
+def cut(self: RowParallelLinear, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
     return _cut(tensor, 1, self.tp_rank, self.tp_size) if tensor.dim() == 2 else tensor  # the bias is whole
 
 
 # %% ../nbs/25_parallel_layers.ipynb #407dc7c5
 @patch
-def load_weight(self: RowParallelLinear, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 - a patched method: the name is set on the class
+def load_weight(self: RowParallelLinear, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 (patched onto the class)
     super(RowParallelLinear, self).load_weight(param_name, self.cut(param_name, tensor, shard), shard)
 
 
@@ -202,14 +202,14 @@ class VocabParallelEmbedding(Embedding):
 
 # %% ../nbs/25_parallel_layers.ipynb #686f2f38
 @patch
-def cut(self: VocabParallelEmbedding, param_name, tensor, shard=None):  # noqa: F811 - a patched method: the name is set on the class
+def cut(self: VocabParallelEmbedding, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
     lo, hi = min(self.vocab_start, self.vocab_size), min(self.vocab_start + self.per_rank, self.vocab_size)
     return tensor[lo:hi]
 
 
 # %% ../nbs/25_parallel_layers.ipynb #7647f39e
 @patch
-def load_weight(self: VocabParallelEmbedding, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 - a patched method: the name is set on the class
+def load_weight(self: VocabParallelEmbedding, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 (patched onto the class)
     if tuple(tensor.shape[1:]) != tuple(self.weight.shape[1:]) or tensor.shape[0] != self.vocab_size:
         raise ValueError(f"shape {tuple(tensor.shape)} does not fit {(self.vocab_size, *self.weight.shape[1:])}")
     piece = self.cut(param_name, tensor)
@@ -224,7 +224,7 @@ def expected_shards(self: VocabParallelEmbedding, param_name: str):
 
 # %% ../nbs/25_parallel_layers.ipynb #4c6d13ce
 @patch
-def forward(self: VocabParallelEmbedding, ids):  # noqa: F811 - a patched method: the name is set on the class
+def forward(self: VocabParallelEmbedding, ids):  # noqa: F811 (patched onto the class)
     local = ids - self.vocab_start
     outside = (local < 0) | (local >= self.per_rank)
     x = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill_(outside[:, None], 0)
@@ -257,7 +257,7 @@ class ParallelLMHead(LMHead):
 
 # %% ../nbs/25_parallel_layers.ipynb #a62309b0
 @patch
-def load_weight(self: ParallelLMHead, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 - a patched method: the name is set on the class
+def load_weight(self: ParallelLMHead, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 (patched onto the class)
     if param_name != "bias" and tensor.shape[0] != self.vocab_size:
         raise ValueError(
             f"shape {tuple(tensor.shape)} has {tensor.shape[0]} rows, not the vocabulary's {self.vocab_size}"

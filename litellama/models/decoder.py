@@ -95,7 +95,7 @@ class DecoderModel(nn.Module):
 
 # %% ../../nbs/04_models.ipynb #79369a4d
 @patch
-def forward(self: DecoderModel, mi: ModelInput):  # noqa: F811 - a patched method: the name is set on the class
+def forward(self: DecoderModel, mi: ModelInput):  # noqa: F811 (patched onto the class)
     x = mi.inputs_embeds if mi.inputs_embeds is not None else self.embed_tokens(mi.input_ids)
     residual = None
     for layer in self.layers:
@@ -162,7 +162,7 @@ def make_mlp(self: CausalLM, config, layer_idx: int, dtype, device, quant, prefi
 
 # %% ../../nbs/04_models.ipynb #05d712ba
 @patch
-def forward(self: CausalLM, mi: ModelInput) -> torch.Tensor:  # noqa: F811 - a patched method: the name is set on the class
+def forward(self: CausalLM, mi: ModelInput) -> torch.Tensor:  # noqa: F811 (patched onto the class)
     "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
     return self.lm_head(self.model(mi)[mi.logits_indices])
 
@@ -241,7 +241,7 @@ class Qwen2ForCausalLM(CausalLM):
 
 # %% ../../nbs/04_models.ipynb #7a1b023b
 @patch(cls_method=True)
-def biases(cls: Qwen2ForCausalLM, config):  # noqa: F811 - a patched method: the name is set on the class
+def biases(cls: Qwen2ForCausalLM, config):  # noqa: F811 (patched onto the class)
     return {"qkv": True, "o": False, "mlp": False}
 
 

@@ -124,7 +124,7 @@ class SparseMoeBlock(nn.Module):
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #b230ce03
 @patch
-def forward(self: SparseMoeBlock, x):  # noqa: F811 - a patched method: the name is set on the class
+def forward(self: SparseMoeBlock, x):  # noqa: F811 (patched onto the class)
     topk_weights, topk_ids = ops.moe_topk(self.gate(x), self.top_k, self.renormalize)
     return self.experts(x, topk_weights, topk_ids)
 
