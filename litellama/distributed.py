@@ -1,4 +1,4 @@
-"""Tensor- and data-parallel ranks on `torch.distributed`: a data plane (NCCL on GPUs, gloo on CPUs) for tensors, a gloo control plane for step messages, launch by spawn or from torchrun's environment, and `CollectiveStats`, a ledger of every byte the collectives move.
+"""Tensor- and data-parallel ranks on `torch.distributed`: data and control planes, launch, a byte ledger.
 
 Docs: https://litellama.github.io/litellama/nbs/distributed.html.md"""
 
@@ -37,10 +37,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .utils import patch
+
 # %% ../nbs/24_distributed.ipynb #23d2edf2
 _WINDOWS: list = []  # the open windows, outermost first
 
 
+# %% ../nbs/24_distributed.ipynb #30ae1547
 def record(op: str, plane: str, dtype, nbytes: int, count: int = 1):
     "Add one collective to every open window (a no-op when none is open)."
     if not _WINDOWS:
@@ -53,7 +56,7 @@ def record(op: str, plane: str, dtype, nbytes: int, count: int = 1):
 
 # %% ../nbs/24_distributed.ipynb #4a8e0d7b
 class CollectiveStats:
-    "A window of the collective ledger: `with CollectiveStats() as s: ...`, then `s.bytes()`, `s.count()`, `s.report()`."
+    "A window of the collective ledger: `with CollectiveStats() as s: ...`, then `s.bytes()`, `s.count()`, `s.report()`"
 
     def __init__(self):
         self.rows = {}
@@ -65,22 +68,32 @@ class CollectiveStats:
     def __exit__(self, *exc):
         _WINDOWS.remove(self)
 
-    def _match(self, op, plane):
-        return [v for (o, p, _), v in self.rows.items() if (op is None or o == op) and (plane is None or p == plane)]
-
+    # in the class, not patched: a module-level `bytes` would shadow the builtin
     def bytes(self, op: str | None = None, plane: str | None = None) -> int:
         "Bytes this rank handed to collectives of `op` on `plane` (None: any)."
         return sum(b for b, _ in self._match(op, plane))
 
-    def count(self, op: str | None = None, plane: str | None = None) -> int:
-        return sum(c for _, c in self._match(op, plane))
 
-    def report(self):
-        "One row per (op, plane, dtype): bytes and count, as a pandas table (pandas is imported only here)."
-        import pandas as pd
+# %% ../nbs/24_distributed.ipynb #a5688fdc
+@patch
+def _match(self: CollectiveStats, op, plane):
+    return [v for (o, p, _), v in self.rows.items() if (op is None or o == op) and (plane is None or p == plane)]
 
-        rows = [dict(op=o, plane=p, dtype=d, bytes=b, count=c) for (o, p, d), (b, c) in sorted(self.rows.items())]
-        return pd.DataFrame(rows, columns=["op", "plane", "dtype", "bytes", "count"])
+
+# %% ../nbs/24_distributed.ipynb #592f61f4
+@patch
+def count(self: CollectiveStats, op: str | None = None, plane: str | None = None) -> int:
+    return sum(c for _, c in self._match(op, plane))
+
+
+# %% ../nbs/24_distributed.ipynb #8f20d1b7
+@patch
+def report(self: CollectiveStats):
+    "One row per (op, plane, dtype): bytes and count, as a pandas table (pandas is imported only here)."
+    import pandas as pd
+
+    rows = [dict(op=o, plane=p, dtype=d, bytes=b, count=c) for (o, p, d), (b, c) in sorted(self.rows.items())]
+    return pd.DataFrame(rows, columns=["op", "plane", "dtype", "bytes", "count"])
 
 
 # %% ../nbs/24_distributed.ipynb #41863e5c
@@ -96,18 +109,22 @@ class ParallelState:
     backend: str = "gloo"
 
 
+# %% ../nbs/24_distributed.ipynb #480ed7c3
 _STATE: ParallelState | None = None
 
 
+# %% ../nbs/24_distributed.ipynb #e4faac4a
 def get_state() -> ParallelState | None:
     "This process's `ParallelState`, or None outside tensor parallelism."
     return _STATE
 
 
+# %% ../nbs/24_distributed.ipynb #cd625a64
 def tp_rank() -> int:
     return _STATE.rank if _STATE is not None else 0
 
 
+# %% ../nbs/24_distributed.ipynb #ce0a70a4
 def tp_size() -> int:
     return _STATE.world_size if _STATE is not None else 1
 
@@ -117,6 +134,7 @@ class DistributedError(RuntimeError):
     "A tensor- or data-parallel setup or rank failure; the message is one line."
 
 
+# %% ../nbs/24_distributed.ipynb #876c0cb4
 def free_port() -> int:
     "An unused TCP port on this host."
     with socket.socket() as s:
@@ -124,6 +142,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# %% ../nbs/24_distributed.ipynb #3bbd60dc
 def check_port_free(port: int, host: str = "127.0.0.1"):
     "Raise a one-line `DistributedError` when `port` is taken on `host`."
     with socket.socket() as s:
@@ -172,6 +191,7 @@ def init_distributed(
     return _STATE
 
 
+# %% ../nbs/24_distributed.ipynb #39f7b67b
 def destroy_distributed():
     "Leave the groups (so that a later engine in this process can form new ones)."
     global _STATE
@@ -206,6 +226,7 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+# %% ../nbs/24_distributed.ipynb #efdbe660
 def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     "Every rank's `x`, concatenated along `dim` in rank order, on the data plane."
     if _STATE is None or _STATE.world_size == 1:
@@ -238,6 +259,7 @@ def broadcast_object(obj=None, src: int = 0):
     return obj if _STATE.rank == src else pickle.loads(data.numpy().tobytes())
 
 
+# %% ../nbs/24_distributed.ipynb #f7b5630b
 def all_reduce_min(value: int) -> int:
     "The smallest `value` over the ranks (control plane), e.g. the KV blocks every rank can hold."
     if _STATE is None or _STATE.world_size == 1:
@@ -270,12 +292,14 @@ def _die_with_parent(parent: int):
     threading.Thread(target=watch, daemon=True).start()
 
 
+# %% ../nbs/24_distributed.ipynb #f5297b75
 def _child_main(fn, rank, parent, env, args):
     os.environ.update(env)
     _die_with_parent(parent)
     fn(rank, *args)
 
 
+# %% ../nbs/24_distributed.ipynb #1731799e
 def spawn_ranks(fn, world_size: int, *args, env: dict | None = None) -> list:
     "Start `fn(rank, *args)` for ranks 1 … world_size-1 in new processes; returns them (the caller is rank 0)."
     import torch.multiprocessing as mp
@@ -292,6 +316,7 @@ def spawn_ranks(fn, world_size: int, *args, env: dict | None = None) -> list:
     return procs
 
 
+# %% ../nbs/24_distributed.ipynb #22cc43e3
 def stop_ranks(procs: list, timeout_s: float = 5.0):
     "Wait up to `timeout_s` for `procs` to exit, then terminate, then kill what is left."
     deadline = time.monotonic() + timeout_s

@@ -1,4 +1,4 @@
-"""The building blocks of every model: linear layers that know how to load (and later shard and quantize) their weights, norms and rotary embeddings that call the kernel registry.
+"""The blocks of every model: linear layers (a method stores and multiplies), norms, rotary embeddings.
 
 Docs: https://litellama.github.io/litellama/nbs/layers.html.md"""
 
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernels.registry import ops
+from .utils import patch
 
 
 # %% ../nbs/02_layers.ipynb #34206883
@@ -65,42 +66,64 @@ def copy_shard(param: torch.Tensor, tensor: torch.Tensor, shards: dict, shard=No
 
 # %% ../nbs/02_layers.ipynb #d84d735a
 class LinearMethod:
-    "How a linear layer stores, loads and multiplies its weight. Subclasses: the plain weight here, quantized schemes later."
-
-    def create_weights(self, layer, dtype, device):
-        "Register on `layer` the parameters this method stores (`layer.shards` and `layer.in_features` are set)."
-        raise NotImplementedError
-
-    def load(self, layer, param_name: str, tensor: torch.Tensor, shard=None):
-        "Copy checkpoint `tensor` into `layer.<param_name>`; by default into `shard`'s output rows."
-        copy_shard(getattr(layer, param_name), tensor, layer.shards, shard)
-
-    def expected(self, layer, param_name: str) -> list:
-        "The shards the loader must fill for `param_name`."
-        return list(layer.shards)
-
-    def process_after_loading(self, layer):
-        "Repack or quantize once every tensor of `layer` is in (by default nothing)."
-
-    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        raise NotImplementedError
+    "How a linear layer stores, loads and multiplies its weight: the plain weight here, quantized schemes later."
 
 
+# %% ../nbs/02_layers.ipynb #0a55372e
+@patch
+def create_weights(self: LinearMethod, layer, dtype, device):
+    "Register on `layer` the parameters this method stores (`layer.shards` and `layer.in_features` are set)."
+    raise NotImplementedError
+
+
+# %% ../nbs/02_layers.ipynb #e33bcfac
+@patch
+def load(self: LinearMethod, layer, param_name: str, tensor: torch.Tensor, shard=None):
+    "Copy checkpoint `tensor` into `layer.<param_name>`; by default into `shard`'s output rows."
+    copy_shard(getattr(layer, param_name), tensor, layer.shards, shard)
+
+
+# %% ../nbs/02_layers.ipynb #c8ab8e98
+@patch
+def expected(self: LinearMethod, layer, param_name: str) -> list:
+    "The shards the loader must fill for `param_name`."
+    return list(layer.shards)
+
+
+# %% ../nbs/02_layers.ipynb #740200e2
+@patch
+def process_after_loading(self: LinearMethod, layer):
+    "Repack or quantize once every tensor of `layer` is in (by default nothing)."
+
+
+# %% ../nbs/02_layers.ipynb #2cc66cff
+@patch
+def apply(self: LinearMethod, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    raise NotImplementedError
+
+
+# %% ../nbs/02_layers.ipynb #7dbd09eb
 class Unquantized(LinearMethod):
     "The plain `[out, in]` weight in the model's dtype, multiplied by the registry's `linear` op."
 
-    def create_weights(self, layer, dtype, device):
-        layer.weight = nn.Parameter(
-            torch.empty(layer.out_features, layer.in_features, dtype=dtype, device=device), requires_grad=False
-        )
 
-    def apply(self, layer, x, bias=None):
-        return linear(x, layer.weight, bias)
+# %% ../nbs/02_layers.ipynb #2bff3c94
+@patch
+def create_weights(self: Unquantized, layer, dtype, device):  # noqa: F811 (patched onto the class)
+    layer.weight = nn.Parameter(
+        torch.empty(layer.out_features, layer.in_features, dtype=dtype, device=device), requires_grad=False
+    )
+
+
+# %% ../nbs/02_layers.ipynb #f44240b4
+@patch
+def apply(self: Unquantized, layer, x, bias=None):  # noqa: F811 (patched onto the class)
+    return linear(x, layer.weight, bias)
 
 
 # %% ../nbs/02_layers.ipynb #3537f455
 class Linear(nn.Module):
-    "`y = x @ W.T + b`; the output rows may be split into named shards; how `W` is stored and multiplied is `self.method`."
+    "`y = x @ W.T + b`; the output rows may be split into named shards; `self.method` stores and multiplies `W`."
 
     def __init__(
         self,
@@ -123,72 +146,98 @@ class Linear(nn.Module):
         self.method.create_weights(self, dtype, device)
         self.bias = nn.Parameter(torch.empty(off, dtype=dtype, device=device), requires_grad=False) if bias else None
 
-    def forward(self, x):
-        return self.method.apply(self, x, self.bias)
 
-    def load_weight(self, param_name: str, tensor: torch.Tensor, shard=None):
-        "Copy a checkpoint `tensor` into `param_name`: the bias here, everything else through the method."
-        if param_name == "bias":
-            copy_shard(self.bias, tensor, self.shards, shard)
-        else:
-            self.method.load(self, param_name, tensor, shard)
+# %% ../nbs/02_layers.ipynb #e7844c89
+@patch
+def forward(self: Linear, x):
+    return self.method.apply(self, x, self.bias)
 
-    def expected_shards(self, param_name: str):
-        "The shards the loader must fill for `param_name`."
-        return list(self.shards) if param_name == "bias" else self.method.expected(self, param_name)
 
-    def process_after_loading(self):
-        self.method.process_after_loading(self)
+# %% ../nbs/02_layers.ipynb #3c5c7b03
+@patch
+def load_weight(self: Linear, param_name: str, tensor: torch.Tensor, shard=None):
+    "Copy a checkpoint `tensor` into `param_name`: the bias here, everything else through the method."
+    if param_name == "bias":
+        copy_shard(self.bias, tensor, self.shards, shard)
+    else:
+        self.method.load(self, param_name, tensor, shard)
 
-    def extra_repr(self):
-        return f"in={self.in_features}, out={self.out_features}, method={type(self.method).__name__}"
+
+# %% ../nbs/02_layers.ipynb #78ad52ef
+@patch
+def expected_shards(self: Linear, param_name: str):
+    "The shards the loader must fill for `param_name`."
+    return list(self.shards) if param_name == "bias" else self.method.expected(self, param_name)
+
+
+# %% ../nbs/02_layers.ipynb #f75925b5
+@patch
+def process_after_loading(self: Linear):  # noqa: F811 (patched onto the class)
+    self.method.process_after_loading(self)
+
+
+# %% ../nbs/02_layers.ipynb #e65945c3
+@patch
+def extra_repr(self: Linear):
+    return f"in={self.in_features}, out={self.out_features}, method={type(self.method).__name__}"
 
 
 # %% ../nbs/02_layers.ipynb #88b56f50
 FUSED_NAMES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
+# %% ../nbs/02_layers.ipynb #8b705058
 class QuantConfig:
     "A quantization scheme: from a name (quantize while loading) or a checkpoint's `quantization_config`."
 
     name: str = ""
 
-    @classmethod
-    def for_runtime(cls, name: str):
-        "The scheme that quantizes a 16-bit checkpoint as it loads."
-        raise ValueError(f"'{name}' is a checkpoint format, not a scheme to quantize with at load time")
-
-    @classmethod
-    def from_hf(cls, qc: dict, model_dir=None):
-        "The scheme a checkpoint's `quantization_config` describes."
-        raise ValueError(f"'{qc.get('quant_method')}' is not a checkpoint format litellama reads")
-
-    def method_for(self, layer, prefix: str) -> LinearMethod | None:
-        "The method of the linear layer at `prefix`, or None to keep it unquantized."
-        raise NotImplementedError
-
     @staticmethod
     def checkpoint_names(prefix: str) -> list:
-        "The checkpoint's module names behind our (maybe fused) `prefix`: `...qkv_proj` -> `...q_proj`, `...k_proj`, `...v_proj`."
+        "The checkpoint's names behind our (maybe fused) `prefix`: `...qkv_proj` -> `...q_proj`, `k_proj`, `v_proj`."
         head, _, last = prefix.rpartition(".")
         return [f"{head}.{n}" if head else n for n in FUSED_NAMES[last]] if last in FUSED_NAMES else [prefix]
 
-    @classmethod
-    def skipped(cls, prefix: str, names) -> bool:
-        "Is the layer at `prefix` listed in `names` (full names, trailing names, or `re:` patterns, as tools write them)?"
 
-        def hit(name, n):
-            if n.startswith("re:"):
-                return re.fullmatch(n[3:], name) is not None
-            return name == n or name.endswith("." + n) or name.startswith(n + ".")
+# %% ../nbs/02_layers.ipynb #78408bc8
+@patch(cls_method=True)
+def for_runtime(cls: QuantConfig, name: str):
+    "The scheme that quantizes a 16-bit checkpoint as it loads."
+    raise ValueError(f"'{name}' is a checkpoint format, not a scheme to quantize with at load time")
 
-        return any(hit(name, n) for name in cls.checkpoint_names(prefix) for n in names or ())
+
+# %% ../nbs/02_layers.ipynb #343669aa
+@patch(cls_method=True)
+def from_hf(cls: QuantConfig, qc: dict, model_dir=None):
+    "The scheme a checkpoint's `quantization_config` describes."
+    raise ValueError(f"'{qc.get('quant_method')}' is not a checkpoint format litellama reads")
+
+
+# %% ../nbs/02_layers.ipynb #6d6101e2
+@patch
+def method_for(self: QuantConfig, layer, prefix: str) -> LinearMethod | None:
+    "The method of the linear layer at `prefix`, or None to keep it unquantized."
+    raise NotImplementedError
+
+
+# %% ../nbs/02_layers.ipynb #653d5a5b
+@patch(cls_method=True)
+def skipped(cls: QuantConfig, prefix: str, names) -> bool:
+    "Is the layer at `prefix` listed in `names` (full names, trailing names, or `re:` patterns, as tools write them)?"
+
+    def hit(name, n):
+        if n.startswith("re:"):
+            return re.fullmatch(n[3:], name) is not None
+        return name == n or name.endswith("." + n) or name.startswith(n + ".")
+
+    return any(hit(name, n) for name in cls.checkpoint_names(prefix) for n in names or ())
 
 
 # %% ../nbs/02_layers.ipynb #a6573bc8
 QUANT_SCHEMES = {}  # name -> "module:QuantConfig subclass", imported when first asked for
 
 
+# %% ../nbs/02_layers.ipynb #342324bc
 def get_quant_config(spec, model_dir=None) -> QuantConfig | None:
     "None, a `QuantConfig`, a scheme name to quantize with at load, or a checkpoint's `quantization_config` dict."
     if spec is None or isinstance(spec, QuantConfig):
@@ -221,10 +270,14 @@ class Embedding(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_embeddings, dim, dtype=dtype, device=device), requires_grad=False)
 
-    def forward(self, ids):
-        return F.embedding(ids, self.weight)
+
+# %% ../nbs/02_layers.ipynb #b867a7e2
+@patch
+def forward(self: Embedding, ids):  # noqa: F811 (patched onto the class)
+    return F.embedding(ids, self.weight)
 
 
+# %% ../nbs/02_layers.ipynb #64b5c173
 class RMSNorm(nn.Module):
     "RMSNorm through the registry; `forward(x, residual)` fuses the residual add."
 
@@ -233,34 +286,50 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
 
-    def forward(self, x, residual=None):
-        if residual is None:
-            return ops.rms_norm(x, self.weight, self.eps)
-        return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+# %% ../nbs/02_layers.ipynb #1ea40bfc
+@patch
+def forward(self: RMSNorm, x, residual=None):  # noqa: F811 (patched onto the class)
+    if residual is None:
+        return ops.rms_norm(x, self.weight, self.eps)
+    return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 # %% ../nbs/02_layers.ipynb #1bbcad6c
 class TiedWeight(LinearMethod):
-    "The LM head of a checkpoint that ties it to the embedding: it multiplies by the embedding's table and stores nothing."
+    "The LM head of a checkpoint that ties it to the embedding: it multiplies by the embedding's table, stores nothing."
 
     def __init__(self, embedding):
         self.embedding = embedding
 
-    def create_weights(self, layer, dtype, device):
-        layer.weight = self.embedding.weight
 
-    def expected(self, layer, param_name):
-        return []
-
-    def load(self, layer, param_name, tensor, shard=None):
-        raise KeyError("a tied LM head loads no tensor of its own")
-
-    def apply(self, layer, x, bias=None):
-        return linear(x, layer.weight, bias)
+# %% ../nbs/02_layers.ipynb #6586a706
+@patch
+def create_weights(self: TiedWeight, layer, dtype, device):  # noqa: F811 (patched onto the class)
+    layer.weight = self.embedding.weight
 
 
+# %% ../nbs/02_layers.ipynb #3ed4ad9b
+@patch
+def expected(self: TiedWeight, layer, param_name):  # noqa: F811 (patched onto the class)
+    return []
+
+
+# %% ../nbs/02_layers.ipynb #5af0096d
+@patch
+def load(self: TiedWeight, layer, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
+    raise KeyError("a tied LM head loads no tensor of its own")
+
+
+# %% ../nbs/02_layers.ipynb #637b7201
+@patch
+def apply(self: TiedWeight, layer, x, bias=None):  # noqa: F811 (patched onto the class)
+    return linear(x, layer.weight, bias)
+
+
+# %% ../nbs/02_layers.ipynb #176e2d3f
 class LMHead(Linear):
-    "Hidden states to logits over the vocabulary, through its method like any linear layer (`tie` shares the embedding's table)."
+    "Hidden states to logits, through its method like any linear layer (`tie` shares the embedding's table)."
 
     def __init__(
         self,
@@ -288,6 +357,7 @@ def rope_parameters(config) -> dict:
     return params
 
 
+# %% ../nbs/02_layers.ipynb #518a441c
 SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -318,8 +388,11 @@ class RotaryEmbedding(nn.Module):
             cache = torch.cat([angles.cos() * factor, angles.sin() * factor], -1)
         self.register_buffer("cos_sin_cache", cache.to(device), persistent=False)
 
-    def forward(self, positions, q, k):
-        return ops.rotary_embedding(positions, q, k, self.cos_sin_cache)
+
+# %% ../nbs/02_layers.ipynb #52b84551
+@patch
+def forward(self: RotaryEmbedding, positions, q, k):  # noqa: F811 (patched onto the class)
+    return ops.rotary_embedding(positions, q, k, self.cos_sin_cache)
 
 
 # %% ../nbs/02_layers.ipynb #80b04690
@@ -335,5 +408,8 @@ class GatedMLP(nn.Module):
         )
         self.down_proj = Linear(intermediate, hidden, bias, dtype, device, quant, f"{prefix}.down_proj")
 
-    def forward(self, x):
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+# %% ../nbs/02_layers.ipynb #abeacbe0
+@patch
+def forward(self: GatedMLP, x):  # noqa: F811 (patched onto the class)
+    return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))

@@ -1,4 +1,4 @@
-"""A HuggingFace checkpoint directory in, a ready model out: `config.json` through `AutoConfig`, safetensors shards streamed tensor by tensor, legacy `.bin` files, and one clear line for every way a directory can be wrong.
+"""A HuggingFace checkpoint directory in, a ready model out, and one clear line for each way it can be wrong.
 
 Docs: https://litellama.github.io/litellama/nbs/loader.html.md"""
 
@@ -14,6 +14,7 @@ __all__ = [
     "resolve_device",
     "quantization_config",
     "load_model",
+    "load_sharded_model",
 ]
 
 # %% ../nbs/05_loader.ipynb #a7ffa25f
@@ -24,7 +25,8 @@ import torch
 from transformers import AutoConfig
 
 from .layers import get_quant_config
-from .models.decoder import load_weights, model_class
+from .models.decoder import MODEL_TYPES, load_weights, model_class
+from .parallel_layers import parallelize, rank_config
 
 
 # %% ../nbs/05_loader.ipynb #3e8abfb4
@@ -45,21 +47,35 @@ def load_config(model_dir):
     try:
         return AutoConfig.from_pretrained(str(d))
     except Exception as e:
-        try:
-            mt = json.loads((d / "config.json").read_text()).get("model_type")
-        except Exception:
-            raise CheckpointError(f"unreadable config.json in {d}: {e}") from None
-        from litellama.models.decoder import MODEL_TYPES
+        raise _config_error(d, e) from None
 
-        raise CheckpointError(
-            f"unsupported model_type '{mt}' in {d / 'config.json'}; supported: {', '.join(sorted(MODEL_TYPES))}"
-        ) from None
+
+# %% ../nbs/05_loader.ipynb #de49fd8e
+def _config_error(d: Path, e: Exception) -> CheckpointError:
+    "Why `AutoConfig` refused `d/config.json`: unreadable, or a `model_type` it does not know."
+    try:
+        mt = json.loads((d / "config.json").read_text()).get("model_type")
+    except Exception:
+        return CheckpointError(f"unreadable config.json in {d}: {e}")
+    supported = ", ".join(sorted(MODEL_TYPES))
+    return CheckpointError(f"unsupported model_type '{mt}' in {d / 'config.json'}; supported: {supported}")
 
 
 # %% ../nbs/05_loader.ipynb #bf45d1ac
 def weight_files(model_dir) -> list[Path]:
     "The checkpoint's weight files: safetensors (by their index if present), else `pytorch_model*.bin`."
     d = Path(model_dir)
+    files = _safetensors_files(d)
+    if files is None:
+        files = _bin_files(d)
+    if files is None:
+        raise CheckpointError(f"no weights in {d} (expected *.safetensors or pytorch_model*.bin)")
+    return files
+
+
+# %% ../nbs/05_loader.ipynb #cf05e129
+def _safetensors_files(d: Path) -> list[Path] | None:
+    "The shards the index lists (all of which must be there), else every `*.safetensors`; None when there are none."
     index = d / "model.safetensors.index.json"
     if index.exists():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -67,16 +83,16 @@ def weight_files(model_dir) -> list[Path]:
         if missing:
             raise CheckpointError(f"{index} lists shards that are missing: {', '.join(missing)}")
         return [d / n for n in names]
-    files = sorted(d.glob("*.safetensors"))
-    if files:
-        return files
+    return sorted(d.glob("*.safetensors")) or None
+
+
+# %% ../nbs/05_loader.ipynb #efc540d3
+def _bin_files(d: Path) -> list[Path] | None:
+    "Legacy `pytorch_model*.bin` files, by their index if there is one; None when there are none."
     bin_index = d / "pytorch_model.bin.index.json"
     if bin_index.exists():
         return [d / n for n in sorted(set(json.loads(bin_index.read_text())["weight_map"].values()))]
-    files = sorted(d.glob("pytorch_model*.bin"))
-    if files:
-        return files
-    raise CheckpointError(f"no weights in {d} (expected *.safetensors or pytorch_model*.bin)")
+    return sorted(d.glob("pytorch_model*.bin")) or None
 
 
 # %% ../nbs/05_loader.ipynb #722be6f8
@@ -93,28 +109,32 @@ def iter_weights(files):
             yield from torch.load(str(f), map_location="cpu", weights_only=True, mmap=True).items()
 
 
+# %% ../nbs/05_loader.ipynb #6e2cc01a
+_DTYPE_NAMES = {  # the names a user may give a dtype by
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
 # %% ../nbs/05_loader.ipynb #b259b776
 def resolve_dtype(dtype, device, config=None) -> torch.dtype:
     "`'auto'` is float32 on a CPU and bfloat16 on a GPU; strings like `'fp16'` are accepted."
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "float": torch.float32,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-        "half": torch.float16,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-    }
     if dtype in (None, "auto"):
         return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-    if dtype not in names:
+    if dtype not in _DTYPE_NAMES:
         raise ValueError(f"unknown dtype '{dtype}'; use auto, float32, float16 or bfloat16")
-    return names[dtype]
+    return _DTYPE_NAMES[dtype]
 
 
+# %% ../nbs/05_loader.ipynb #6f7156f4
 def resolve_device(device) -> torch.device:
     "`'auto'` is the GPU when there is one, else the CPU."
     if device in (None, "auto"):
@@ -124,7 +144,8 @@ def resolve_device(device) -> torch.device:
 
 # %% ../nbs/05_loader.ipynb #ebd7f1ae
 def quantization_config(config, model_dir, quantization=None):
-    "The checkpoint's quantization scheme (`config.json`'s `quantization_config`, or GPTQ's `quantize_config.json`), or `quantization`'s."
+    """The checkpoint's quantization scheme (`config.json`'s `quantization_config`, or GPTQ's `quantize_config.json`),
+    or `quantization`'s."""
     qc = getattr(config, "quantization_config", None)
     side = Path(model_dir) / "quantize_config.json"
     if qc is None and side.exists():
@@ -143,7 +164,8 @@ def quantization_config(config, model_dir, quantization=None):
 
 # %% ../nbs/05_loader.ipynb #c4080f46
 def load_model(model_dir, dtype="auto", device="auto", quantization=None):
-    "Build the model class named by `model_dir`'s config (quantized as its checkpoint or `quantization` says) and load its weights: `(model, config)`."
+    """Build the model class named by `model_dir`'s config (quantized as its checkpoint or `quantization` says) and
+    load its weights: `(model, config)`."""
     config = load_config(model_dir)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device, config)
@@ -163,3 +185,23 @@ def load_model(model_dir, dtype="auto", device="auto", quantization=None):
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{Path(model_dir)}: {e.args[0]}") from None
     return model.eval(), getattr(model, "text_config", config)  # a vision-language model: its decoder's config
+
+
+# %% ../nbs/05_loader.ipynb #e22c9687
+def load_sharded_model(model_dir, rank: int, size: int, dtype="auto", device="auto", quantization=None):
+    "This rank's shard of the checkpoint at `model_dir`: `(model, full_config, rank_config)`."
+    config = load_config(model_dir)
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device, config)
+    try:
+        cls, rc = model_class(config), rank_config(config, size)
+    except ValueError as e:
+        raise CheckpointError(f"{model_dir}: {e}") from None
+    quant = quantization_config(config, model_dir, quantization)
+    with torch.device(device):
+        model = parallelize(cls(rc, dtype=dtype, device=device, quant=quant), config, rank, size)
+    try:
+        load_weights(model, iter_weights(weight_files(model_dir)))
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{model_dir}: {e.args[0]}") from None
+    return model.eval(), config, rc

@@ -1,4 +1,4 @@
-"""Column-, row-, merged- and QKV-parallel linears, a vocab-parallel embedding and LM head: each rank builds its own slice of every layer and loads it by cutting the checkpoint's full tensors; a sharded model has two all-reduces per decoder layer and one after the embedding.
+"""Column-, row-, merged- and QKV-parallel linears, a vocab-parallel embedding and LM head.
 
 Docs: https://litellama.github.io/litellama/nbs/parallel_layers.html.md"""
 
@@ -14,7 +14,6 @@ __all__ = [
     "ParallelLMHead",
     "rank_config",
     "parallelize",
-    "load_sharded_model",
 ]
 
 # %% ../nbs/25_parallel_layers.ipynb #f8530689
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 from .distributed import all_reduce, tp_rank, tp_size
 from .layers import Embedding, Linear, LMHead, head_dim
+from .utils import patch
 
 
 # %% ../nbs/25_parallel_layers.ipynb #77ed89f5
@@ -36,12 +36,14 @@ def _cut(t: torch.Tensor, dim: int, index: int, parts: int) -> torch.Tensor:
     return t.narrow(dim, index * (n // parts), n // parts)
 
 
+# %% ../nbs/25_parallel_layers.ipynb #b8728b09
 def _divide(n: int, parts: int, what: str) -> int:
     if n % parts:
         raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size ({parts})")
     return n // parts
 
 
+# %% ../nbs/25_parallel_layers.ipynb #17f3f071
 def _ranks(rank, size):
     return (tp_rank() if rank is None else rank), (tp_size() if size is None else size)
 
@@ -69,14 +71,21 @@ class ColumnParallelLinear(Linear):
             in_features, local if isinstance(out_features, dict) else local[None], bias, dtype, device, **kw
         )
 
-    def cut(self, param_name: str, tensor: torch.Tensor, shard=None) -> torch.Tensor:
-        "This rank's piece of the full checkpoint `tensor`."
-        return _cut(tensor, 0, self.tp_rank, self.tp_size)
 
-    def load_weight(self, param_name: str, tensor: torch.Tensor, shard=None):
-        super().load_weight(param_name, self.cut(param_name, tensor, shard), shard)
+# %% ../nbs/25_parallel_layers.ipynb #00bb9a3d
+@patch
+def cut(self: ColumnParallelLinear, param_name: str, tensor: torch.Tensor, shard=None) -> torch.Tensor:
+    "This rank's piece of the full checkpoint `tensor`."
+    return _cut(tensor, 0, self.tp_rank, self.tp_size)
 
 
+# %% ../nbs/25_parallel_layers.ipynb #d075d5ec
+@patch
+def load_weight(self: ColumnParallelLinear, param_name: str, tensor: torch.Tensor, shard=None):
+    super(ColumnParallelLinear, self).load_weight(param_name, self.cut(param_name, tensor, shard), shard)
+
+
+# %% ../nbs/25_parallel_layers.ipynb #4c9878be
 class MergedColumnParallelLinear(ColumnParallelLinear):
     "Several column-parallel matrices fused (gate|up): each segment is cut on its own, so rank r holds `gate_r | up_r`."
 
@@ -84,7 +93,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 # %% ../nbs/25_parallel_layers.ipynb #d06923e1
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k, v fused and split by heads. With N ranks and `kv_heads` ≥ N each rank holds `kv_heads/N` kv heads;
-    with fewer kv heads than ranks each kv head is replicated on `N/kv_heads` ranks (rank r holds head `r // (N/kv_heads)`)."""
+    with fewer kv heads than ranks each kv head is replicated on `N/kv_heads` ranks (rank r holds head
+    `r // (N/kv_heads)`)."""
 
     def __init__(
         self,
@@ -115,10 +125,13 @@ class QKVParallelLinear(ColumnParallelLinear):
         }
         super().__init__(hidden, sizes, bias, dtype, device, rank=r, size=n, **kw)
 
-    def cut(self, param_name, tensor, shard=None):
-        if shard == "q":
-            return _cut(tensor, 0, self.tp_rank, self.tp_size)
-        return _cut(tensor, 0, self.tp_rank // self.kv_replicas, self.tp_size // self.kv_replicas)
+
+# %% ../nbs/25_parallel_layers.ipynb #4f2f9281
+@patch
+def cut(self: QKVParallelLinear, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
+    if shard == "q":
+        return _cut(tensor, 0, self.tp_rank, self.tp_size)
+    return _cut(tensor, 0, self.tp_rank // self.kv_replicas, self.tp_size // self.kv_replicas)
 
 
 # %% ../nbs/25_parallel_layers.ipynb #d0e117eb
@@ -140,18 +153,30 @@ class RowParallelLinear(Linear):
         self.tp_rank, self.tp_size = _ranks(rank, size)
         super().__init__(_divide(in_features, self.tp_size, "input size"), out_features, bias, dtype, device, **kw)
 
-    def cut(self, param_name, tensor, shard=None):
-        return _cut(tensor, 1, self.tp_rank, self.tp_size) if tensor.dim() == 2 else tensor  # the bias is whole
 
-    def load_weight(self, param_name: str, tensor: torch.Tensor, shard=None):
-        super().load_weight(param_name, self.cut(param_name, tensor, shard), shard)
+# %% ../nbs/25_parallel_layers.ipynb #e6e49a96
+@patch
+def cut(self: RowParallelLinear, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
+    return _cut(tensor, 1, self.tp_rank, self.tp_size) if tensor.dim() == 2 else tensor  # the bias is whole
 
-    def partial(self, x):
-        return self.method.apply(self, x, None)
 
-    def forward(self, x):
-        y = all_reduce(self.partial(x))
-        return y if self.bias is None else y + self.bias
+# %% ../nbs/25_parallel_layers.ipynb #407dc7c5
+@patch
+def load_weight(self: RowParallelLinear, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 (patched onto the class)
+    super(RowParallelLinear, self).load_weight(param_name, self.cut(param_name, tensor, shard), shard)
+
+
+# %% ../nbs/25_parallel_layers.ipynb #a5ed53d0
+@patch
+def partial(self: RowParallelLinear, x):
+    return self.method.apply(self, x, None)
+
+
+# %% ../nbs/25_parallel_layers.ipynb #221eca00
+@patch
+def forward(self: RowParallelLinear, x):
+    y = all_reduce(self.partial(x))
+    return y if self.bias is None else y + self.bias
 
 
 # %% ../nbs/25_parallel_layers.ipynb #1615f44d
@@ -174,26 +199,39 @@ class VocabParallelEmbedding(Embedding):
         super().__init__(self.per_rank, dim, dtype, device)
         self.weight.data.zero_()  # the padding rows stay zero
 
-    def cut(self, param_name, tensor, shard=None):
-        lo, hi = min(self.vocab_start, self.vocab_size), min(self.vocab_start + self.per_rank, self.vocab_size)
-        return tensor[lo:hi]
 
-    def load_weight(self, param_name: str, tensor: torch.Tensor, shard=None):
-        if tuple(tensor.shape[1:]) != tuple(self.weight.shape[1:]) or tensor.shape[0] != self.vocab_size:
-            raise ValueError(f"shape {tuple(tensor.shape)} does not fit {(self.vocab_size, *self.weight.shape[1:])}")
-        piece = self.cut(param_name, tensor)
-        self.weight.data[: len(piece)].copy_(piece)
-
-    def expected_shards(self, param_name: str):
-        return [None]
-
-    def forward(self, ids):
-        local = ids - self.vocab_start
-        outside = (local < 0) | (local >= self.per_rank)
-        x = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill_(outside[:, None], 0)
-        return all_reduce(x)
+# %% ../nbs/25_parallel_layers.ipynb #686f2f38
+@patch
+def cut(self: VocabParallelEmbedding, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
+    lo, hi = min(self.vocab_start, self.vocab_size), min(self.vocab_start + self.per_rank, self.vocab_size)
+    return tensor[lo:hi]
 
 
+# %% ../nbs/25_parallel_layers.ipynb #7647f39e
+@patch
+def load_weight(self: VocabParallelEmbedding, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 (patched onto the class)
+    if tuple(tensor.shape[1:]) != tuple(self.weight.shape[1:]) or tensor.shape[0] != self.vocab_size:
+        raise ValueError(f"shape {tuple(tensor.shape)} does not fit {(self.vocab_size, *self.weight.shape[1:])}")
+    piece = self.cut(param_name, tensor)
+    self.weight.data[: len(piece)].copy_(piece)
+
+
+# %% ../nbs/25_parallel_layers.ipynb #cfcb03ac
+@patch
+def expected_shards(self: VocabParallelEmbedding, param_name: str):
+    return [None]
+
+
+# %% ../nbs/25_parallel_layers.ipynb #4c6d13ce
+@patch
+def forward(self: VocabParallelEmbedding, ids):  # noqa: F811 (patched onto the class)
+    local = ids - self.vocab_start
+    outside = (local < 0) | (local >= self.per_rank)
+    x = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill_(outside[:, None], 0)
+    return all_reduce(x)
+
+
+# %% ../nbs/25_parallel_layers.ipynb #1e9d54d8
 class ParallelLMHead(LMHead):
     """The LM head's rows split as the embedding's: rank r computes logit columns `[r·ceil(V/N) …)` (padding included),
     through its linear method; tied, it multiplies by the vocab-parallel embedding's rows."""
@@ -216,15 +254,18 @@ class ParallelLMHead(LMHead):
         self.vocab_start = self.tp_rank * self.per_rank
         super().__init__(hidden, self.per_rank, dtype, device, quant, prefix, tie=tie)
 
-    def load_weight(self, param_name: str, tensor: torch.Tensor, shard=None):
-        if param_name != "bias" and tensor.shape[0] != self.vocab_size:
-            raise ValueError(
-                f"shape {tuple(tensor.shape)} has {tensor.shape[0]} rows, not the vocabulary's {self.vocab_size}"
-            )
-        piece = tensor[min(self.vocab_start, self.vocab_size) : min(self.vocab_start + self.per_rank, self.vocab_size)]
-        if len(piece) < self.per_rank:  # the last rank's padding rows: zeros
-            piece = torch.cat([piece, piece.new_zeros(self.per_rank - len(piece), *piece.shape[1:])])
-        super().load_weight(param_name, piece, shard)
+
+# %% ../nbs/25_parallel_layers.ipynb #a62309b0
+@patch
+def load_weight(self: ParallelLMHead, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 (patched onto the class)
+    if param_name != "bias" and tensor.shape[0] != self.vocab_size:
+        raise ValueError(
+            f"shape {tuple(tensor.shape)} has {tensor.shape[0]} rows, not the vocabulary's {self.vocab_size}"
+        )
+    piece = tensor[min(self.vocab_start, self.vocab_size) : min(self.vocab_start + self.per_rank, self.vocab_size)]
+    if len(piece) < self.per_rank:  # the last rank's padding rows: zeros
+        piece = torch.cat([piece, piece.new_zeros(self.per_rank - len(piece), *piece.shape[1:])])
+    super(ParallelLMHead, self).load_weight(param_name, piece, shard)
 
 
 # %% ../nbs/25_parallel_layers.ipynb #95933484
@@ -263,6 +304,7 @@ def _swap(parent, name, cls, *args, quant=None, device=None, **kw):
     )
 
 
+# %% ../nbs/25_parallel_layers.ipynb #dd1702f8
 @torch.no_grad()
 def parallelize(model, config, rank: int, size: int):
     "Replace `model`'s (built from `rank_config(config, size)`) linears and vocabulary layers by their parallel twins."
@@ -275,9 +317,9 @@ def parallelize(model, config, rank: int, size: int):
         a, m = layer.self_attn, layer.mlp
         _swap(a, "qkv_proj", QKVParallelLinear, H, config.num_attention_heads, config.num_key_value_heads, D, **kw)
         _swap(a, "o_proj", RowParallelLinear, config.num_attention_heads * D, H, **kw)
-        I = config.intermediate_size
-        _swap(m, "gate_up_proj", MergedColumnParallelLinear, H, {"gate": I, "up": I}, **kw)
-        _swap(m, "down_proj", RowParallelLinear, I, H, **kw)
+        inter = config.intermediate_size
+        _swap(m, "gate_up_proj", MergedColumnParallelLinear, H, {"gate": inter, "up": inter}, **kw)
+        _swap(m, "down_proj", RowParallelLinear, inter, H, **kw)
     emb = model.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, H, dt, dev, rank=rank, size=size)
     model.lm_head = ParallelLMHead(
         H,
@@ -291,35 +333,3 @@ def parallelize(model, config, rank: int, size: int):
         size=size,
     )
     return model
-
-
-# %% ../nbs/25_parallel_layers.ipynb #e22c9687
-def load_sharded_model(model_dir, rank: int, size: int, dtype="auto", device="auto", quantization=None):
-    "This rank's shard of the checkpoint at `model_dir`: `(model, full_config, rank_config)`."
-    from litellama.loader import (
-        CheckpointError,
-        iter_weights,
-        load_config,
-        load_weights,
-        model_class,
-        quantization_config,
-        resolve_device,
-        resolve_dtype,
-        weight_files,
-    )
-
-    config = load_config(model_dir)
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device, config)
-    try:
-        cls, rc = model_class(config), rank_config(config, size)
-    except ValueError as e:
-        raise CheckpointError(f"{model_dir}: {e}") from None
-    quant = quantization_config(config, model_dir, quantization)
-    with torch.device(device):
-        model = parallelize(cls(rc, dtype=dtype, device=device, quant=quant), config, rank, size)
-    try:
-        load_weights(model, iter_weights(weight_files(model_dir)))
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{model_dir}: {e.args[0]}") from None
-    return model.eval(), config, rc

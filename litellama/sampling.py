@@ -1,4 +1,4 @@
-"""`SamplingParams`, and a sampler that applies every request's own parameters to a whole batch of logits at once: penalties, temperature, top-k, top-p, min-p, seeded randomness that does not depend on the batch, and logprobs.
+"""The device-side sampler: each request's own parameters applied to a whole batch of logits at once.
 
 Docs: https://litellama.github.io/litellama/nbs/sampling.html.md"""
 
@@ -6,9 +6,6 @@ Docs: https://litellama.github.io/litellama/nbs/sampling.html.md"""
 
 # %% auto #0
 __all__ = [
-    "SEED_RANGE",
-    "INT_LIMIT",
-    "SamplingParams",
     "SamplingTensors",
     "uses_history",
     "unpack_bitmask",
@@ -21,118 +18,14 @@ __all__ = [
 ]
 
 # %% ../nbs/07_sampling.ipynb #bc2918c3
-import math
 from dataclasses import dataclass
 
 import torch
 
 from .kernels.reference import uniform_noise
 from .kernels.registry import ops
-
-
-# %% ../nbs/07_sampling.ipynb #783d0161
-@dataclass
-class SamplingParams:
-    "How to pick tokens and when to stop, per request."
-
-    n: int = 1  # completions per prompt
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: off
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0  # >1 discourages tokens already in prompt or output
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    max_tokens: int | None = None  # None: up to the model's context
-    max_gen_len: int | None = None  # the seed's name for max_tokens
-    min_tokens: int = 0
-    stop: list | str | None = None  # strings; the matched one is not returned
-    stop_token_ids: list | None = None
-    ignore_eos: bool = False
-    seed: int | None = None
-    logprobs: int | None = None  # top-N logprobs per generated token
-    skip_special_tokens: bool = True
-    logit_bias: dict | None = None  # {token_id: bias in [-100, 100]} added to the logits before sampling
-    structured_outputs: object | None = None  # a StructuredOutputsParams: the output must follow its grammar
-
-    def __post_init__(self):
-        if self.max_gen_len is not None:
-            if self.max_tokens is not None and self.max_tokens != self.max_gen_len:
-                raise ValueError("max_tokens and max_gen_len disagree; give one of them")
-            self.max_tokens = self.max_gen_len
-        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.top_k in (None, 0):
-            self.top_k = -1
-        if self.seed is not None:
-            self.seed = _check_int(self.seed, "seed") % SEED_RANGE
-        self.logit_bias = _check_bias(self.logit_bias)
-        ints = ("n", "top_k", "min_tokens", "max_tokens", "logprobs")
-        for name in ints:
-            _check_int(getattr(self, name), name)
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
-            if not (isinstance(getattr(self, name), (int, float)) and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
-        checks = [
-            (self.n >= 1, "n must be at least 1"),
-            (self.temperature >= 0, "temperature must be >= 0"),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (self.top_k == -1 or self.top_k >= 1, "top_k must be -1 (off) or >= 1"),
-            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
-            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
-            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be at least 1"),
-            (self.min_tokens >= 0, "min_tokens must be >= 0"),
-            (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens must not exceed max_tokens"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
-            (
-                all(type(t) is int and t >= 0 for t in self.stop_token_ids),
-                "stop_token_ids must be token ids (integers >= 0)",
-            ),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-# %% ../nbs/07_sampling.ipynb #a1b2c3d4
-SEED_RANGE = 2**63  # seeds live in [0, 2**63): one int64 per row on the device
-INT_LIMIT = 2**31 - 1  # the largest n, top_k, max_tokens, min_tokens or logprobs any request may name
-
-
-def _check_int(v, name: str, lo=None):
-    "`v` if it is a plain integer (or None) of at most `INT_LIMIT` in size, else a ValueError naming `name`."
-    if v is None:
-        return v
-    if type(v) is not int:
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    if name != "seed" and abs(v) > INT_LIMIT:
-        raise ValueError(f"{name} must be at most {INT_LIMIT}, got {v}")
-    return v
-
-
-def _check_bias(bias):
-    "`logit_bias` as `{int token id: float}`; keys may be strings of digits, as JSON sends them."
-    if not bias:
-        return None
-    out = {}
-    for k, v in dict(bias).items():
-        try:
-            t = int(k)
-        except (TypeError, ValueError):
-            raise ValueError(f"logit_bias keys must be token ids, got {k!r}") from None
-        if t < 0 or str(t) != str(k).strip():
-            raise ValueError(f"logit_bias keys must be token ids, got {k!r}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {t}")
-        out[t] = float(v)
-    return out
+from .sampling_params import SamplingParams
+from .utils import patch
 
 
 # %% ../nbs/07_sampling.ipynb #e08484d0
@@ -159,56 +52,64 @@ class SamplingTensors:
     any_greedy: bool = True  # some row has temperature 0 (False only when known to have none)
     filtered: torch.Tensor | None = None  # [S] bool: rows with top-k, top-p or min-p (None: no such row)
 
-    @classmethod
-    def build(cls, rows, vocab: int, device, bitmask: torch.Tensor | None = None):
-        """`rows`: per row `(params, seed, prompt_ids, output_ids, eos_ids)`; `output_ids` may be just its length (an int)
-        when the row uses no penalty, and `prompt_ids` then unused. `bitmask`: the structured-output masks, on the host."""
-        P = [r[0] for r in rows]
-        f = lambda vals, dt=torch.float32: _upload(vals, dt, device)
-        if all(p.greedy for p in P):
-            st = cls(*([None] * 6), all_greedy=True)  # argmax needs no parameters
-        else:
-            fl = f([[p.temperature for p in P], [p.top_p for p in P], [p.min_p for p in P]])  # two copies to the device
-            it = f(
-                [
-                    [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in P],
-                    [r[1] for r in rows],
-                    [_n(r[3]) for r in rows],
-                ],
-                torch.int64,
-            )
-            st = cls(fl[0], it[0], fl[1], fl[2], it[1], it[2], any_greedy=any(p.greedy for p in P))
-            if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in P):
-                st.filtered = (it[0] < vocab) | (fl[1] < 1) | (fl[2] > 0)
-        st.num_logprobs = max([p.logprobs or 0 for p in P] + [0]) if any(p.logprobs is not None for p in P) else -1
-        if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in P):
-            st.repetition, st.presence, st.frequency = (
-                f([p.repetition_penalty for p in P]),
-                f([p.presence_penalty for p in P]),
-                f([p.frequency_penalty for p in P]),
-            )
-            st.output_counts = torch.zeros(len(rows), vocab, device=device)
-            st.prompt_mask = torch.zeros(len(rows), vocab, dtype=torch.bool, device=device)
-            for i, r in enumerate(rows):
-                if not isinstance(r[3], int) and r[3]:
-                    st.output_counts[i].index_add_(0, f(r[3], torch.int64), torch.ones(len(r[3]), device=device))
-                if r[2]:
-                    st.prompt_mask[i, f(r[2], torch.int64)] = True
-        ban = [(i, r[4] + r[0].stop_token_ids) for i, r in enumerate(rows) if _n(r[3]) < r[0].min_tokens]
-        if ban:
-            st.banned = torch.zeros(len(rows), vocab, dtype=torch.bool, device=device)
-            for i, ids in ban:
-                st.banned[i, f([t for t in ids if t < vocab], torch.int64)] = True
-        if any(p.logit_bias for p in P):
-            st.bias = torch.zeros(len(rows), vocab, device=device)
-            for i, p in enumerate(P):
-                if p.logit_bias:
-                    st.bias[i, f(list(p.logit_bias), torch.int64)] = f(list(p.logit_bias.values()))
-        if bitmask is not None:
-            st.allowed = (
-                bitmask.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else bitmask
-            )
-        return st
+
+# %% ../nbs/07_sampling.ipynb #7f4041f0
+@patch(cls_method=True)
+def build(cls: SamplingTensors, rows, vocab: int, device, bitmask: torch.Tensor | None = None):
+    """`rows`: per row `(params, seed, prompt_ids, output_ids, eos_ids)`; `output_ids` may be just its length (an int)
+    when the row uses no penalty, and `prompt_ids` then unused. `bitmask`: the structured-output masks, on the host."""
+    P = [r[0] for r in rows]
+    f = lambda vals, dt=torch.float32: _upload(vals, dt, device)
+    st = cls(*([None] * 6), all_greedy=True) if all(p.greedy for p in P) else _sampled(cls, rows, P, vocab, f)
+    st.num_logprobs = max([p.logprobs or 0 for p in P] + [0]) if any(p.logprobs is not None for p in P) else -1
+    if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in P):
+        _add_penalties(st, rows, P, vocab, device, f)
+    ban = [(i, r[4] + r[0].stop_token_ids) for i, r in enumerate(rows) if _n(r[3]) < r[0].min_tokens]
+    if ban:
+        st.banned = torch.zeros(len(rows), vocab, dtype=torch.bool, device=device)
+        for i, ids in ban:
+            st.banned[i, f([t for t in ids if t < vocab], torch.int64)] = True
+    if any(p.logit_bias for p in P):
+        st.bias = torch.zeros(len(rows), vocab, device=device)
+        for i, p in enumerate(P):
+            if p.logit_bias:
+                st.bias[i, f(list(p.logit_bias), torch.int64)] = f(list(p.logit_bias.values()))
+    if bitmask is not None:
+        st.allowed = (
+            bitmask.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else bitmask
+        )
+    return st
+
+
+# %% ../nbs/07_sampling.ipynb #c2285e63
+def _sampled(cls, rows, P, vocab: int, f) -> SamplingTensors:
+    "The tensors of a batch in which some row samples: temperature, top-k/p, min-p, seeds and steps, in two copies."
+    fl = f([[p.temperature for p in P], [p.top_p for p in P], [p.min_p for p in P]])
+    it = f(
+        [[min(p.top_k, vocab) if p.top_k > 0 else vocab for p in P], [r[1] for r in rows], [_n(r[3]) for r in rows]],
+        torch.int64,
+    )
+    st = cls(fl[0], it[0], fl[1], fl[2], it[1], it[2], any_greedy=any(p.greedy for p in P))
+    if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in P):
+        st.filtered = (it[0] < vocab) | (fl[1] < 1) | (fl[2] > 0)
+    return st
+
+
+# %% ../nbs/07_sampling.ipynb #5a31f7ab
+def _add_penalties(st: SamplingTensors, rows, P, vocab: int, device, f):
+    "Each row's penalty factors, the `[S, V]` counts of its output tokens and the mask of its prompt tokens."
+    st.repetition, st.presence, st.frequency = (
+        f([p.repetition_penalty for p in P]),
+        f([p.presence_penalty for p in P]),
+        f([p.frequency_penalty for p in P]),
+    )
+    st.output_counts = torch.zeros(len(rows), vocab, device=device)
+    st.prompt_mask = torch.zeros(len(rows), vocab, dtype=torch.bool, device=device)
+    for i, r in enumerate(rows):
+        if not isinstance(r[3], int) and r[3]:
+            st.output_counts[i].index_add_(0, f(r[3], torch.int64), torch.ones(len(r[3]), device=device))
+        if r[2]:
+            st.prompt_mask[i, f(r[2], torch.int64)] = True
 
 
 # %% ../nbs/07_sampling.ipynb #591c908b
@@ -216,12 +117,14 @@ def _n(out) -> int:
     return out if isinstance(out, int) else len(out)
 
 
+# %% ../nbs/07_sampling.ipynb #fe07d1d9
 def _upload(vals, dtype, device) -> torch.Tensor:
     "`vals` as a tensor on `device`; to a GPU through pinned memory, so that the host does not wait for the GPU."
     t = torch.tensor(vals, dtype=dtype)
     return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t
 
 
+# %% ../nbs/07_sampling.ipynb #3e314959
 def uses_history(p: SamplingParams) -> bool:
     "Does sampling for `p` need the token history (penalties)?"
     return p.repetition_penalty != 1 or bool(p.presence_penalty) or bool(p.frequency_penalty)
@@ -245,6 +148,7 @@ def apply_penalties(logits, st: SamplingTensors):
     return logits - st.frequency[:, None] * st.output_counts - st.presence[:, None] * (st.output_counts > 0)
 
 
+# %% ../nbs/07_sampling.ipynb #4ed7101d
 def filter_probs(logits, st: SamplingTensors):
     "Temperature, then top-k, top-p and min-p: the probabilities that remain, renormalised."
     temp = torch.where(st.temperature > 0, st.temperature, torch.ones_like(st.temperature))
@@ -268,6 +172,7 @@ class SamplerOutput:
     logprobs: list | None = None  # per row: {token_id: logprob} of the chosen token and the top-N
 
 
+# %% ../nbs/07_sampling.ipynb #13e8da3d
 def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
     """Pick one token per row of `logits` `[S, V]` (any float dtype) under each row's parameters: `(ids, logprobs)`,
     tensors on the logits' device; `logprobs` is `(chosen [S], top values [S, N], top ids [S, N])` or None."""
@@ -297,12 +202,14 @@ def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
     return ids, (lp.gather(-1, ids[:, None])[:, 0], top_v[:, : st.num_logprobs], top_i[:, : st.num_logprobs])
 
 
+# %% ../nbs/07_sampling.ipynb #c07e3a05
 def logprobs_to_host(ids: list, logprobs: tuple) -> list:
     "Per row, `{token_id: logprob}` of the top-N and of the chosen token."
     chosen, tv, ti = (t.tolist() for t in logprobs)
-    return [{**dict(zip(ti[r], tv[r])), ids[r]: chosen[r]} for r in range(len(ids))]
+    return [{**dict(zip(ti[r], tv[r], strict=True)), ids[r]: chosen[r]} for r in range(len(ids))]
 
 
+# %% ../nbs/07_sampling.ipynb #4aabb5e1
 def sample(logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
     "`sample_on_device`, read back to the host."
     ids, lp = sample_on_device(logits, st)

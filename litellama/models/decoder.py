@@ -1,4 +1,4 @@
-"""Llama, Qwen2 and Qwen3 are the same decoder with different switches. Each architecture declares only its differences and how its checkpoint's tensor names map onto our fused layers.
+"""Llama, Qwen2 and Qwen3: one decoder with different switches, and how checkpoint names map onto it.
 
 Docs: https://litellama.github.io/litellama/nbs/models.html.md"""
 
@@ -9,7 +9,6 @@ __all__ = [
     "MODEL_REGISTRY",
     "MODEL_TYPES",
     "LAZY_MODELS",
-    "TINY_CONFIGS",
     "DecoderLayer",
     "DecoderModel",
     "CausalLM",
@@ -28,6 +27,7 @@ from torch import nn
 
 from ..attention import ModelInput, SelfAttention
 from ..layers import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, head_dim
+from ..utils import patch
 
 
 # %% ../../nbs/04_models.ipynb #10c8a0ed
@@ -55,19 +55,22 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = mlp
 
-    def forward(self, positions, x, residual, attn):
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, attn)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+
+# %% ../../nbs/04_models.ipynb #0b7b0467
+@patch
+def forward(self: DecoderLayer, positions, x, residual, attn):
+    if residual is None:
+        x, residual = self.input_layernorm(x), x
+    else:
+        x, residual = self.input_layernorm(x, residual)
+    x = self.self_attn(positions, x, attn)
+    x, residual = self.post_attention_layernorm(x, residual)
+    return self.mlp(x), residual
 
 
 # %% ../../nbs/04_models.ipynb #8d7c8b33
 class DecoderModel(nn.Module):
-    "Embedding, the stack of decoder layers, final norm (HF's `model.` prefix); `make_mlp(layer_idx, prefix)` builds each MLP."
+    "Embedding, the decoder layers, final norm (HF's `model.` prefix); `make_mlp(layer_idx, prefix)` builds each MLP."
 
     def __init__(self, config, biases, qk_norm, make_mlp, dtype=None, device=None, quant=None):
         super().__init__()
@@ -89,12 +92,15 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
-    def forward(self, mi: ModelInput):
-        x = mi.inputs_embeds if mi.inputs_embeds is not None else self.embed_tokens(mi.input_ids)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(mi.positions, x, residual, mi.attn)
-        return self.norm(x, residual)[0]
+
+# %% ../../nbs/04_models.ipynb #79369a4d
+@patch
+def forward(self: DecoderModel, mi: ModelInput):  # noqa: F811 (patched onto the class)
+    x = mi.inputs_embeds if mi.inputs_embeds is not None else self.embed_tokens(mi.input_ids)
+    residual = None
+    for layer in self.layers:
+        x, residual = layer(mi.positions, x, residual, mi.attn)
+    return self.norm(x, residual)[0]
 
 
 # %% ../../nbs/04_models.ipynb #762808fa
@@ -112,18 +118,6 @@ class CausalLM(nn.Module):
     }
     ignored_suffixes = ("rotary_emb.inv_freq",)
 
-    @classmethod
-    def biases(cls, config) -> dict:
-        "Which projections carry a bias."
-        b = bool(getattr(config, "attention_bias", False))
-        return {"qkv": b, "o": b, "mlp": bool(getattr(config, "mlp_bias", False))}
-
-    @classmethod
-    def check_config(cls, config):
-        "Refuse configurations this implementation would run wrongly."
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError(f"{cls.__name__}: sliding-window attention is not supported")
-
     def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
         super().__init__()
         self.check_config(config)
@@ -140,38 +134,67 @@ class CausalLM(nn.Module):
             tie=self.model.embed_tokens if self.tied else None,
         )
 
-    def make_mlp(self, config, layer_idx: int, dtype, device, quant, prefix: str) -> nn.Module:
-        "The MLP of layer `layer_idx`: a dense gated MLP (a sparse model overrides this)."
-        return GatedMLP(
-            config.hidden_size, config.intermediate_size, self.biases(config)["mlp"], dtype, device, quant, prefix
-        )
 
-    def forward(self, mi: ModelInput) -> torch.Tensor:
-        "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
-        return self.lm_head(self.model(mi)[mi.logits_indices])
+# %% ../../nbs/04_models.ipynb #fbb6c459
+@patch(cls_method=True)
+def biases(cls: CausalLM, config) -> dict:
+    "Which projections carry a bias."
+    b = bool(getattr(config, "attention_bias", False))
+    return {"qkv": b, "o": b, "mlp": bool(getattr(config, "mlp_bias", False))}
 
-    def route(self, name: str):
-        "`(module, param_name, shard)` that checkpoint tensor `name` loads into; KeyError or AttributeError if none."
-        *path, pname = name.split(".")
-        shard = None
-        if path and path[-1] in self.packed_modules:
-            path[-1], shard = self.packed_modules[path[-1]]
-        module = self.get_submodule(".".join(path))
-        if not isinstance(getattr(module, pname, None), torch.Tensor):
-            raise KeyError(name)
-        return module, pname, shard
 
-    def bind_kv_cache(self, kv_cache):
-        """Give each layer its `(k_cache, v_cache)`, each `[num_blocks, block_size, Hk, D]`: `kv_cache` yields one pair per
-        layer (the model runner's `PagedKVCache`, or a `[layers, 2, num_blocks, block_size, Hk, D]` tensor)."""
-        for layer, (k, v) in zip(self.model.layers, kv_cache):
-            layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = k, v
+# %% ../../nbs/04_models.ipynb #f17b9890
+@patch(cls_method=True)
+def check_config(cls: CausalLM, config):
+    "Refuse configurations this implementation would run wrongly."
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError(f"{cls.__name__}: sliding-window attention is not supported")
+
+
+# %% ../../nbs/04_models.ipynb #95f60319
+@patch
+def make_mlp(self: CausalLM, config, layer_idx: int, dtype, device, quant, prefix: str) -> nn.Module:
+    "The MLP of layer `layer_idx`: a dense gated MLP (a sparse model overrides this)."
+    return GatedMLP(
+        config.hidden_size, config.intermediate_size, self.biases(config)["mlp"], dtype, device, quant, prefix
+    )
+
+
+# %% ../../nbs/04_models.ipynb #05d712ba
+@patch
+def forward(self: CausalLM, mi: ModelInput) -> torch.Tensor:  # noqa: F811 (patched onto the class)
+    "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
+    return self.lm_head(self.model(mi)[mi.logits_indices])
+
+
+# %% ../../nbs/04_models.ipynb #3bac594b
+@patch
+def route(self: CausalLM, name: str):
+    "`(module, param_name, shard)` that checkpoint tensor `name` loads into; KeyError or AttributeError if none."
+    *path, pname = name.split(".")
+    shard = None
+    if path and path[-1] in self.packed_modules:
+        path[-1], shard = self.packed_modules[path[-1]]
+    module = self.get_submodule(".".join(path))
+    if not isinstance(getattr(module, pname, None), torch.Tensor):
+        raise KeyError(name)
+    return module, pname, shard
+
+
+# %% ../../nbs/04_models.ipynb #9fc9ab61
+@patch
+def bind_kv_cache(self: CausalLM, kv_cache):
+    """Give each layer its `(k_cache, v_cache)`, each `[num_blocks, block_size, Hk, D]`: `kv_cache` yields one pair per
+    layer (the model runner's `PagedKVCache`, or a `[layers, 2, num_blocks, block_size, Hk, D]` tensor)."""
+    for layer, (k, v) in zip(self.model.layers, kv_cache, strict=False):
+        layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = k, v
 
 
 # %% ../../nbs/04_models.ipynb #052025cb
 @torch.no_grad()
 def load_weights(model: CausalLM, weights: Iterable) -> None:
-    "Load `(name, tensor)` pairs into `model`, then let each layer finish (repack, quantize); raise on unexpected, missing or misshapen tensors."
+    """Load `(name, tensor)` pairs into `model`, then let each layer finish (repack, quantize); raise on unexpected,
+    missing or misshapen tensors."""
     loaded = set()
     for name, tensor in weights:
         if name.endswith(model.ignored_suffixes) or (model.tied and name == "lm_head.weight"):
@@ -193,7 +216,7 @@ def load_weights(model: CausalLM, weights: Iterable) -> None:
         loaded.add((id(module), pname, shard))
     missing = []
     for mname, module in model.named_modules():
-        for pname, p in module.named_parameters(recurse=False):
+        for pname, _p in module.named_parameters(recurse=False):
             shards = module.expected_shards(pname) if hasattr(module, "expected_shards") else [None]
             missing += [
                 f"{mname}.{pname}" + (f"[{s}]" if s else "") for s in shards if (id(module), pname, s) not in loaded
@@ -211,20 +234,25 @@ class LlamaForCausalLM(CausalLM):
     "Llama 2/3 and SmolLM2: the plain decoder (optional biases from the config)."
 
 
+# %% ../../nbs/04_models.ipynb #43ea9499
 class Qwen2ForCausalLM(CausalLM):
     "Qwen2 / Qwen2.5: a bias on the q, k, v projections."
 
-    @classmethod
-    def biases(cls, config):
-        return {"qkv": True, "o": False, "mlp": False}
+
+# %% ../../nbs/04_models.ipynb #7a1b023b
+@patch(cls_method=True)
+def biases(cls: Qwen2ForCausalLM, config):  # noqa: F811 (patched onto the class)
+    return {"qkv": True, "o": False, "mlp": False}
 
 
+# %% ../../nbs/04_models.ipynb #df24c752
 class Qwen3ForCausalLM(CausalLM):
     "Qwen3: RMSNorm on each query and key head before the rotary embedding."
 
     qk_norm = True
 
 
+# %% ../../nbs/04_models.ipynb #25dd7ffe
 MODEL_REGISTRY = {c.__name__: c for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)}
 MODEL_TYPES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}
 
@@ -260,48 +288,3 @@ def model_class(config):
         f"unsupported model_type '{mt}' (architectures {getattr(config, 'architectures', None)}); "
         f"supported: {', '.join(sorted({*MODEL_TYPES, *by_type}))}"
     )
-
-
-# %% ../../nbs/04_models.ipynb #c819750d
-TINY_CONFIGS = {
-    "llama": dict(
-        model_type="llama",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=320,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-    ),
-    "qwen2": dict(
-        model_type="qwen2",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        vocab_size=320,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=False,
-    ),
-    "qwen3": dict(
-        model_type="qwen3",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        vocab_size=320,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
-}

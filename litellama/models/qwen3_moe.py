@@ -1,4 +1,4 @@
-"""Qwen3's decoder with sparse MLP blocks: a router picks the top-k of many small experts per token, and every expert's weights live stacked in two tensors that the fused MoE kernels read.
+"""Qwen3's decoder with sparse MLP blocks: a router picks the top-k of many small stacked experts.
 
 Docs: https://litellama.github.io/litellama/nbs/qwen3_moe.html.md"""
 
@@ -21,7 +21,8 @@ from torch import nn
 
 from ..kernels.registry import ops
 from ..layers import Linear
-from .decoder import CausalLM
+from ..utils import patch  # (before `.decoder` once exported: relative imports sort by depth)
+from .decoder import MODEL_REGISTRY, MODEL_TYPES, CausalLM, model_class
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #d74d2a8d
@@ -33,6 +34,7 @@ def num_experts(config) -> int:
     return int(n)
 
 
+# %% ../../nbs/04b_qwen3_moe.ipynb #ea3fe982
 def is_sparse_layer(config, layer_idx: int) -> bool:
     "Does layer `layer_idx` carry the sparse MoE block (Qwen3-MoE's rule)?"
     step = getattr(config, "decoder_sparse_step", 1) or 1
@@ -41,7 +43,7 @@ def is_sparse_layer(config, layer_idx: int) -> bool:
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #83ad4087
 class FusedMoE(nn.Module):
-    "Every expert's gate|up `[E, 2I, H]` and down `[E, H, I]` projections, stacked (fp8 with block scales if `fp8_block`)."
+    "Every expert's gate|up `[E, 2I, H]` and down `[E, H, I]` projections, stacked (fp8, block-scaled, if `fp8_block`)"
 
     def __init__(
         self, num_experts: int, hidden: int, intermediate: int, dtype=None, device=None, fp8_block: int | None = None
@@ -54,46 +56,56 @@ class FusedMoE(nn.Module):
             )
         wdt = torch.float8_e4m3fn if fp8_block else dtype
         new = lambda *s, dt=wdt: nn.Parameter(torch.empty(*s, dtype=dt, device=device), requires_grad=False)
-        E, H, I = num_experts, hidden, intermediate
-        self.gate_up_proj, self.down_proj = new(E, 2 * I, H), new(E, H, I)
+        E, H, Im = num_experts, hidden, intermediate
+        self.gate_up_proj, self.down_proj = new(E, 2 * Im, H), new(E, H, Im)
         if fp8_block:
             cb = lambda n: -(-n // fp8_block)
-            self.gate_up_proj_scale_inv = new(E, cb(2 * I), cb(H), dt=torch.float32)
-            self.down_proj_scale_inv = new(E, cb(H), cb(I), dt=torch.float32)
+            self.gate_up_proj_scale_inv = new(E, cb(2 * Im), cb(H), dt=torch.float32)
+            self.down_proj_scale_inv = new(E, cb(H), cb(Im), dt=torch.float32)
         self._whole = set()  # parameters loaded in one piece
 
-    def _target(self, pname: str, shard):
-        "The slice of `pname` that per-expert `shard = (expert, part)` fills."
-        e, part = shard
-        if not 0 <= e < self.num_experts:
-            raise ValueError(f"expert {e} out of range (0..{self.num_experts - 1})")
-        t = getattr(self, pname).data[e]
-        if part == "down":
-            return t
-        rows = t.shape[0] // 2  # I weight rows, or I / block scale rows
-        return t.narrow(0, 0 if part == "gate" else rows, rows)
 
-    def load_weight(self, param_name: str, tensor: torch.Tensor, shard=None):
-        "Copy a checkpoint tensor into `param_name`: whole (`shard=None`) or one expert's `(e, part)` slice."
-        target = getattr(self, param_name).data if shard is None else self._target(param_name, shard)
-        if tuple(tensor.shape) != tuple(target.shape):
-            raise ValueError(f"shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}")
-        target.copy_(tensor)
-        if shard is None:
-            self._whole.add(param_name)
+# %% ../../nbs/04b_qwen3_moe.ipynb #a9f3adb8
+@patch
+def _target(self: FusedMoE, pname: str, shard):
+    "The slice of `pname` that per-expert `shard = (expert, part)` fills."
+    e, part = shard
+    if not 0 <= e < self.num_experts:
+        raise ValueError(f"expert {e} out of range (0..{self.num_experts - 1})")
+    t = getattr(self, pname).data[e]
+    if part == "down":
+        return t
+    rows = t.shape[0] // 2  # I weight rows, or I / block scale rows
+    return t.narrow(0, 0 if part == "gate" else rows, rows)
 
-    def expected_shards(self, param_name: str):
-        "The pieces the loader must fill: the whole tensor if it came whole, else every expert's part."
-        if param_name in self._whole:
-            return [None]
-        parts = ("down",) if param_name.startswith("down") else ("gate", "up")
-        return [(e, p) for e in range(self.num_experts) for p in parts]
 
-    def forward(self, x, topk_weights, topk_ids):
-        scales = (self.gate_up_proj_scale_inv, self.down_proj_scale_inv) if self.fp8_block else (None, None)
-        return ops.fused_moe(
-            x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, *scales, self.fp8_block or 128
-        )
+# %% ../../nbs/04b_qwen3_moe.ipynb #85787be4
+@patch
+def load_weight(self: FusedMoE, param_name: str, tensor: torch.Tensor, shard=None):
+    "Copy a checkpoint tensor into `param_name`: whole (`shard=None`) or one expert's `(e, part)` slice."
+    target = getattr(self, param_name).data if shard is None else self._target(param_name, shard)
+    if tuple(tensor.shape) != tuple(target.shape):
+        raise ValueError(f"shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}")
+    target.copy_(tensor)
+    if shard is None:
+        self._whole.add(param_name)
+
+
+# %% ../../nbs/04b_qwen3_moe.ipynb #df153035
+@patch
+def expected_shards(self: FusedMoE, param_name: str):
+    "The pieces the loader must fill: the whole tensor if it came whole, else every expert's part."
+    if param_name in self._whole:
+        return [None]
+    parts = ("down",) if param_name.startswith("down") else ("gate", "up")
+    return [(e, p) for e in range(self.num_experts) for p in parts]
+
+
+# %% ../../nbs/04b_qwen3_moe.ipynb #1b97b942
+@patch
+def forward(self: FusedMoE, x, topk_weights, topk_ids):
+    scales = (self.gate_up_proj_scale_inv, self.down_proj_scale_inv) if self.fp8_block else (None, None)
+    return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, *scales, self.fp8_block or 128)
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #db6fd48c
@@ -109,9 +121,12 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(H, E, False, dtype, device)
         self.experts = FusedMoE(E, H, config.moe_intermediate_size, dtype, device, fp8_block)
 
-    def forward(self, x):
-        topk_weights, topk_ids = ops.moe_topk(self.gate(x), self.top_k, self.renormalize)
-        return self.experts(x, topk_weights, topk_ids)
+
+# %% ../../nbs/04b_qwen3_moe.ipynb #b230ce03
+@patch
+def forward(self: SparseMoeBlock, x):  # noqa: F811 (patched onto the class)
+    topk_weights, topk_ids = ops.moe_topk(self.gate(x), self.top_k, self.renormalize)
+    return self.experts(x, topk_weights, topk_ids)
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #697fefc6
@@ -123,7 +138,8 @@ def fp8_block_size(quant) -> int | None:
     name = getattr(quant, "name", type(quant).__name__)
     if name != "fp8" or not bs:
         raise ValueError(
-            f"Qwen3-MoE experts support only block-scaled fp8 checkpoints (weight_block_size), not quantization '{name}'"
+            "Qwen3-MoE experts support only block-scaled fp8 checkpoints (weight_block_size), "
+            f"not quantization '{name}'"
         )
     if len(set(bs)) != 1:
         raise ValueError(f"fp8 experts need square scale blocks, got weight_block_size {list(bs)}")
@@ -132,48 +148,52 @@ def fp8_block_size(quant) -> int | None:
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #096ca2de
 class Qwen3MoeForCausalLM(CausalLM):
-    "Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's decoder with a sparse MoE block on the layers `is_sparse_layer` picks."
+    "Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): sparse MoE blocks on the layers `is_sparse_layer` picks."
 
     qk_norm = True
     expert_parts = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
-    @classmethod
-    def check_config(cls, config):
-        super().check_config(config)
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"{cls.__name__}: hidden_act '{config.hidden_act}' is not supported (silu only)")
-        num_experts(config)
 
-    def make_mlp(self, config, layer_idx, dtype, device, quant, prefix):
-        if not is_sparse_layer(config, layer_idx):
-            return super().make_mlp(config, layer_idx, dtype, device, quant, prefix)
-        return SparseMoeBlock(config, dtype, device, fp8_block_size(quant))
+# %% ../../nbs/04b_qwen3_moe.ipynb #518761de
+@patch(cls_method=True)
+def check_config(cls: Qwen3MoeForCausalLM, config):
+    super(Qwen3MoeForCausalLM, cls).check_config(config)
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"{cls.__name__}: hidden_act '{config.hidden_act}' is not supported (silu only)")
+    num_experts(config)
 
-    def route(self, name: str):
-        "Per-expert `...mlp.experts.{e}.{gate,up,down}_proj.{weight,weight_scale_inv}` to `(experts, stacked name, (e, part))`."
-        p = name.split(".")
-        if len(p) >= 4 and p[-4] == "experts" and p[-3].isdigit() and p[-2] in self.expert_parts:
-            suffix = {"weight": "", "weight_scale_inv": "_scale_inv"}.get(p[-1])
-            module = self.get_submodule(".".join(p[:-3]))
-            pname = ("down_proj" if p[-2] == "down_proj" else "gate_up_proj") + (suffix or "")
-            if suffix is None or not isinstance(getattr(module, pname, None), torch.Tensor):
-                raise KeyError(name)
-            return module, pname, (int(p[-3]), self.expert_parts[p[-2]])
-        return super().route(name)
+
+# %% ../../nbs/04b_qwen3_moe.ipynb #4921ecc8
+@patch
+def make_mlp(self: Qwen3MoeForCausalLM, config, layer_idx, dtype, device, quant, prefix):
+    if not is_sparse_layer(config, layer_idx):
+        return super(Qwen3MoeForCausalLM, self).make_mlp(config, layer_idx, dtype, device, quant, prefix)
+    return SparseMoeBlock(config, dtype, device, fp8_block_size(quant))
+
+
+# %% ../../nbs/04b_qwen3_moe.ipynb #5dc584f0
+@patch
+def route(self: Qwen3MoeForCausalLM, name: str):
+    "Per-expert `...mlp.experts.{e}.{gate,up,down}_proj.{weight,weight_scale_inv}` to `(experts, stacked, (e, part))`."
+    p = name.split(".")
+    if len(p) >= 4 and p[-4] == "experts" and p[-3].isdigit() and p[-2] in self.expert_parts:
+        suffix = {"weight": "", "weight_scale_inv": "_scale_inv"}.get(p[-1])
+        module = self.get_submodule(".".join(p[:-3]))
+        pname = ("down_proj" if p[-2] == "down_proj" else "gate_up_proj") + (suffix or "")
+        if suffix is None or not isinstance(getattr(module, pname, None), torch.Tensor):
+            raise KeyError(name)
+        return module, pname, (int(p[-3]), self.expert_parts[p[-2]])
+    return super(Qwen3MoeForCausalLM, self).route(name)
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #7d108c94
-from .decoder import MODEL_REGISTRY, MODEL_TYPES
-
 MODEL_REGISTRY["Qwen3MoeForCausalLM"] = MODEL_TYPES["qwen3_moe"] = Qwen3MoeForCausalLM
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #8f3c5457
 @torch.no_grad()
 def random_model(config, dtype=torch.bfloat16, device="cuda", seed: int = 0):
-    "A model of `config`'s registered class on `device` with random 16-bit weights, as `make_random_checkpoint` draws them."
-    from litellama.models.decoder import model_class
-
+    "A model of `config`'s registered class on `device`, random 16-bit weights drawn as `make_random_checkpoint` does."
     with torch.device(device):
         model = model_class(config)(config, dtype=dtype, device=device)
     g = torch.Generator(device=device).manual_seed(seed)
