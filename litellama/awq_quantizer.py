@@ -307,7 +307,6 @@ def perplexity(model_dir, text_path=None, seq_len: int = 512, block_size: int = 
     from transformers import AutoTokenizer
 
     from litellama.attention import build_model_input
-    from litellama.layers import head_dim
     from litellama.loader import load_model
 
     path = Path(text_path) if text_path else Path(__import__("litellama").__file__).parent / "data" / "heldout.txt"
