@@ -1,4 +1,4 @@
-"""`litellama quantize --method rtn|awq` turns a 16-bit checkpoint into an AWQ-format 4-bit one: round-to-nearest per group, and AWQ's activation-aware search for per-channel scales that protect the weights the activations lean on.
+"""`litellama quantize --method rtn|awq`: a 16-bit checkpoint to an AWQ-format 4-bit one.
 
 Docs: https://litellama.github.io/litellama/nbs/awq_quantizer.html.md"""
 
@@ -12,9 +12,13 @@ __all__ = [
     "scaled_error",
     "search_scales",
     "calibration_ids",
+    "capture_inputs",
+    "scale_groups",
+    "fold_scales",
     "awq_calibrate",
     "quantize_hf_model",
     "save_awq",
+    "check_quantizable",
     "quantize",
     "quantize_rtn",
     "quantize_awq",
@@ -29,11 +33,13 @@ from pathlib import Path
 import torch
 
 from .kernels.w4a16 import awq_pack
+from .layers import head_dim
 
 
 # %% ../nbs/23_awq_quantizer.ipynb #9dc4d554
 def rtn_quantize(w: torch.Tensor, group_size: int, bits: int = 4):
-    "Asymmetric round-to-nearest of `w [out, in]`: codes `[in, out]`, zeros `[in/g, out]` (int) and fp16 scales `[in/g, out]`."
+    """Asymmetric round-to-nearest of `w [out, in]`: codes `[in, out]`, zeros `[in/g, out]` (int) and fp16 scales
+    `[in/g, out]`."""
     if bits != 4:
         raise ValueError(f"{bits}-bit: only 4-bit quantization is supported")
     N, K = w.shape
@@ -48,6 +54,7 @@ def rtn_quantize(w: torch.Tensor, group_size: int, bits: int = 4):
     return codes.reshape(N, K).t().long(), zero.t().long(), scale.t().contiguous()
 
 
+# %% ../nbs/23_awq_quantizer.ipynb #430a4d3d
 def fake_quantize(w: torch.Tensor, group_size: int) -> torch.Tensor:
     "`w` through `rtn_quantize` and back: the `[out, in]` float32 weight a 4-bit checkpoint will hold."
     codes, zeros, scales = rtn_quantize(w, group_size)
@@ -57,7 +64,8 @@ def fake_quantize(w: torch.Tensor, group_size: int) -> torch.Tensor:
 
 # %% ../nbs/23_awq_quantizer.ipynb #8b573ef8
 def scaled_error(x, weights, s, group_size) -> float:
-    "Squared output error of `weights` (each `[out, in]`) quantized after scaling their columns by `s`, on activations `x [T, in]`."
+    """Squared output error of `weights` (each `[out, in]`) quantized after scaling their columns by `s`, on
+    activations `x [T, in]`."""
     err = 0.0
     for w in weights:
         q = fake_quantize(w * s[None], group_size) / s[None]
@@ -65,8 +73,10 @@ def scaled_error(x, weights, s, group_size) -> float:
     return err
 
 
+# %% ../nbs/23_awq_quantizer.ipynb #e8e106a7
 def search_scales(x, weights, group_size, grid: int = 20):
-    "AWQ's grid search: the per-input-channel scales `s = mean|x|^α` (α in `[0, 1)`) that minimize `scaled_error`; `(s, α, errors)`."
+    """AWQ's grid search: the per-input-channel scales `s = mean|x|^α` (α in `[0, 1)`) that minimize `scaled_error`;
+    `(s, α, errors)`."""
     x_mean = x.abs().float().mean(0)
     best, errors = None, []
     for i in range(grid):
@@ -84,6 +94,7 @@ def search_scales(x, weights, group_size, grid: int = 20):
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+# %% ../nbs/23_awq_quantizer.ipynb #24904cbd
 def calibration_ids(tokenizer, path=None, n_tokens: int = 2048, seq_len: int = 256) -> torch.Tensor:
     "`[n, seq_len]` token ids from the calibration text (default: the repo's `litellama/data/calibration.txt`)."
     path = Path(path) if path else Path(__import__("litellama").__file__).parent / "data" / "calibration.txt"
@@ -97,11 +108,11 @@ def calibration_ids(tokenizer, path=None, n_tokens: int = 2048, seq_len: int = 2
 
 
 # %% ../nbs/23_awq_quantizer.ipynb #00fcac8a
-@torch.no_grad()
-def awq_calibrate(model, ids: torch.Tensor, group_size: int, grid: int = 20, max_rows: int = 1024) -> list:
-    "Search and fold AWQ scales into the HF `model` (in place, weights still 16-bit); one row of errors per group searched."
-    layers, captured, hooks = model.model.layers, {}, []
-    for i, layer in enumerate(layers):
+def capture_inputs(model, ids: torch.Tensor) -> dict:
+    """`{(layer, group): [rows of the input to the group's first linear]}` over the calibration rows `ids`, by
+    forward pre-hooks."""
+    captured, hooks = {}, []
+    for i, layer in enumerate(model.model.layers):
         for name, mod in (
             ("qkv", layer.self_attn.q_proj),
             ("o", layer.self_attn.o_proj),
@@ -121,28 +132,48 @@ def awq_calibrate(model, ids: torch.Tensor, group_size: int, grid: int = 20, max
     finally:
         for h in hooks:
             h.remove()
-    report = []
-    for i, layer in enumerate(layers):
-        at, mlp = layer.self_attn, layer.mlp
-        groups = [
-            ("qkv", layer.input_layernorm, [at.q_proj, at.k_proj, at.v_proj]),
-            ("mlp", layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj]),
-            ("down", mlp.up_proj, [mlp.down_proj]),
-        ]
-        if at.v_proj.out_features == at.o_proj.in_features:
-            groups.insert(1, ("o", at.v_proj, [at.o_proj]))
-        for name, prev, mods in groups:
+    return captured
+
+
+# %% ../nbs/23_awq_quantizer.ipynb #b012d5a3
+def scale_groups(layer) -> list:
+    "`[(name, the op before, [the linears it feeds])]` of one HF decoder layer."
+    at, mlp = layer.self_attn, layer.mlp
+    groups = [
+        ("qkv", layer.input_layernorm, [at.q_proj, at.k_proj, at.v_proj]),
+        ("mlp", layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj]),
+        ("down", mlp.up_proj, [mlp.down_proj]),
+    ]
+    if at.v_proj.out_features == at.o_proj.in_features:
+        groups.insert(1, ("o", at.v_proj, [at.o_proj]))
+    return groups
+
+
+# %% ../nbs/23_awq_quantizer.ipynb #245ecb70
+def fold_scales(s: torch.Tensor, prev, mods):
+    "Multiply the input columns of `mods` by `s` and divide the op before them by it: the float function is unchanged."
+    for m in mods:
+        m.weight.mul_(s.to(m.weight.dtype)[None])
+    if isinstance(prev, torch.nn.Linear):  # the op before divides its output rows
+        prev.weight.div_(s.to(prev.weight.dtype)[:, None])
+        if prev.bias is not None:
+            prev.bias.div_(s.to(prev.bias.dtype))
+    else:
+        prev.weight.div_(s.to(prev.weight.dtype))  # an RMSNorm: its per-channel weight
+
+
+# %% ../nbs/23_awq_quantizer.ipynb #120f7159
+@torch.no_grad()
+def awq_calibrate(model, ids: torch.Tensor, group_size: int, grid: int = 20, max_rows: int = 1024) -> list:
+    """Search and fold AWQ scales into the HF `model` (in place, weights still 16-bit); one row of errors per group
+    searched."""
+    captured, report = capture_inputs(model, ids), []
+    for i, layer in enumerate(model.model.layers):
+        for name, prev, mods in scale_groups(layer):
             x = torch.cat(captured.pop((i, name)))
             x = x[torch.linspace(0, len(x) - 1, min(len(x), max_rows)).long()]
             s, alpha, errors = search_scales(x, [m.weight.float() for m in mods], group_size, grid)
-            for m in mods:
-                m.weight.mul_(s.to(m.weight.dtype)[None])
-            if isinstance(prev, torch.nn.Linear):  # the op before divides its output rows
-                prev.weight.div_(s.to(prev.weight.dtype)[:, None])
-                if prev.bias is not None:
-                    prev.bias.div_(s.to(prev.bias.dtype))
-            else:
-                prev.weight.div_(s.to(prev.weight.dtype))  # an RMSNorm: its per-channel weight
+            fold_scales(s, prev, mods)
             report.append(dict(layer=i, group=name, alpha=alpha, rtn_error=errors[0], awq_error=min(errors)))
     return report
 
@@ -150,7 +181,8 @@ def awq_calibrate(model, ids: torch.Tensor, group_size: int, grid: int = 20, max
 # %% ../nbs/23_awq_quantizer.ipynb #f265de81
 @torch.no_grad()
 def quantize_hf_model(model, group_size: int) -> dict:
-    "Round every decoder projection of the HF `model` to 4 bits (in place: it keeps the dequantized weights); the AWQ tensors by name."
+    """Round every decoder projection of the HF `model` to 4 bits (in place: it keeps the dequantized weights); the
+    AWQ tensors by name."""
     tensors = {}
     for name, mod in model.named_modules():
         if not isinstance(mod, torch.nn.Linear) or name.rsplit(".", 1)[-1] not in LINEARS:
@@ -165,7 +197,8 @@ def quantize_hf_model(model, group_size: int) -> dict:
 
 # %% ../nbs/23_awq_quantizer.ipynb #41759c95
 def save_awq(model, tensors: dict, out_dir, group_size: int, tokenizer=None) -> Path:
-    "Write an AWQ `gemm` checkpoint: the 4-bit `tensors`, every other tensor of `model` in fp16, and the `quantization_config`."
+    """Write an AWQ `gemm` checkpoint: the 4-bit `tensors`, every other tensor of `model` in fp16, and the
+    `quantization_config`."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -199,6 +232,26 @@ def save_awq(model, tensors: dict, out_dir, group_size: int, tokenizer=None) -> 
     return out
 
 
+# %% ../nbs/23_awq_quantizer.ipynb #b98f5eac
+def check_quantizable(model_dir: Path, bits: int, group_size: int):
+    "One clear line for what `quantize` cannot do with this checkpoint, before any weight is read."
+    from transformers import AutoConfig
+
+    if bits != 4:
+        raise ValueError(f"--bits {bits}: only 4-bit quantization is supported")
+    if not (model_dir / "config.json").exists():
+        raise FileNotFoundError(f"no config.json in {model_dir}")
+    if (
+        json.loads((model_dir / "config.json").read_text()).get("quantization_config")
+        or (model_dir / "quantize_config.json").exists()
+    ):
+        raise ValueError(f"{model_dir} is already quantized")
+    c = AutoConfig.from_pretrained(str(model_dir))
+    K = {c.hidden_size, c.intermediate_size, c.num_attention_heads * head_dim(c)}
+    if group_size <= 0 or group_size % 16 or any(k % group_size for k in K):
+        raise ValueError(f"group size {group_size}: must be a multiple of 16 dividing every input size ({sorted(K)})")
+
+
 # %% ../nbs/23_awq_quantizer.ipynb #9567bf25
 def quantize(
     model_dir,
@@ -211,31 +264,14 @@ def quantize(
     seq_len: int = 256,
     grid: int = 20,
 ) -> dict:
-    "Quantize the 16-bit checkpoint in `model_dir` to an AWQ-format 4-bit one in `out_dir` by `method` ('rtn' or 'awq')."
+    """Quantize the 16-bit checkpoint in `model_dir` to an AWQ-format 4-bit one in `out_dir` by `method` ('rtn' or
+    'awq')."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if method not in ("rtn", "awq"):
         raise ValueError(f"unknown method '{method}'; use rtn or awq")
-    if bits != 4:
-        raise ValueError(f"--bits {bits}: only 4-bit quantization is supported")
     model_dir = Path(model_dir)
-    if not (model_dir / "config.json").exists():
-        raise FileNotFoundError(f"no config.json in {model_dir}")
-    if (
-        json.loads((model_dir / "config.json").read_text()).get("quantization_config")
-        or (model_dir / "quantize_config.json").exists()
-    ):
-        raise ValueError(f"{model_dir} is already quantized")
-    from transformers import AutoConfig
-
-    c = AutoConfig.from_pretrained(str(model_dir))
-    K = {
-        c.hidden_size,
-        c.intermediate_size,
-        c.num_attention_heads * (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads),
-    }
-    if group_size <= 0 or group_size % 16 or any(k % group_size for k in K):
-        raise ValueError(f"group size {group_size}: must be a multiple of 16 dividing every input size ({sorted(K)})")
+    check_quantizable(model_dir, bits, group_size)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     report = []
@@ -248,11 +284,13 @@ def quantize(
     return dict(method=method, bits=bits, group_size=group_size, out_dir=str(out_dir), groups=report)
 
 
+# %% ../nbs/23_awq_quantizer.ipynb #43f1be36
 def quantize_rtn(model_dir, out_dir, bits=4, group_size=128, calibration=None):
     "The `rtn` entry of the CLI's `QUANTIZERS`."
     return quantize(model_dir, out_dir, "rtn", bits, group_size)
 
 
+# %% ../nbs/23_awq_quantizer.ipynb #44b5aa91
 def quantize_awq(model_dir, out_dir, bits=4, group_size=128, calibration=None):
     "The `awq` entry of the CLI's `QUANTIZERS`."
     return quantize(model_dir, out_dir, "awq", bits, group_size, calibration)
@@ -261,14 +299,14 @@ def quantize_awq(model_dir, out_dir, bits=4, group_size=128, calibration=None):
 # %% ../nbs/23_awq_quantizer.ipynb #60e08853
 @torch.no_grad()
 def perplexity(model_dir, text_path=None, seq_len: int = 512, block_size: int = 16) -> float:
-    "Perplexity of the checkpoint in `model_dir`, loaded by litellama in float32 on the CPU, on `text_path` (default: the held-out text) in windows of `seq_len`."
+    """Perplexity of the checkpoint in `model_dir`, loaded by litellama in float32 on the CPU, on `text_path`
+    (default: the held-out text) in windows of `seq_len`."""
     import math
 
     import torch.nn.functional as F
     from transformers import AutoTokenizer
 
     from litellama.attention import build_model_input
-    from litellama.layers import head_dim
     from litellama.loader import load_model
 
     path = Path(text_path) if text_path else Path(__import__("litellama").__file__).parent / "data" / "heldout.txt"

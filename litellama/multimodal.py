@@ -1,4 +1,4 @@
-"""The multimodal path: image inputs, the processor step that expands each placeholder into the model's image tokens, a content hash of each image for the prefix cache, and the step's embeddings with the image features at their positions.
+"""Images in the prompt: image inputs, placeholder expansion, content hashes, features in the step.
 
 Docs: https://litellama.github.io/litellama/nbs/multimodal.html.md"""
 
@@ -11,8 +11,10 @@ __all__ = [
     "load_image",
     "image_hash",
     "parse_prompt",
+    "repeat_placeholders",
     "expand_image_tokens",
     "ImageInput",
+    "quiet_transformers",
     "load_image_processor",
     "process_images",
     "TokensWithImages",
@@ -25,6 +27,7 @@ __all__ = [
 # %% ../nbs/28_multimodal.ipynb #421cea98
 import base64
 import binascii
+import contextlib
 import hashlib
 import io
 import warnings
@@ -39,6 +42,7 @@ class MultiModalError(ValueError):
     "Bad multimodal input; the message is one line naming the problem."
 
 
+# %% ../nbs/28_multimodal.ipynb #7e0e86fd
 def decode_image(data: bytes, what: str = "image"):
     "A PIL RGB image from encoded bytes (PNG, JPEG, ...), or a clear error."
     from PIL import Image, UnidentifiedImageError
@@ -46,15 +50,40 @@ def decode_image(data: bytes, what: str = "image"):
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, OSError, ValueError):
         raise MultiModalError(
             f"cannot decode the {what} ({len(data)} bytes): not a PNG, JPEG or other image PIL reads"
         ) from None
     return img.convert("RGB")
 
 
+# %% ../nbs/28_multimodal.ipynb #61f75ee9
+def _data_url_bytes(s: str) -> bytes:
+    head, _, b64 = s.partition(",")
+    if not head.startswith("data:image/") or ";base64" not in head:
+        raise MultiModalError("a data URL image must be 'data:image/<type>;base64,<data>'")
+    try:
+        return base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise MultiModalError("the data URL image is not valid base64") from None
+
+
+# %% ../nbs/28_multimodal.ipynb #b789e0b6
+def _local_image(s: str, allowed_dir):
+    if allowed_dir is None:
+        raise MultiModalError("local image paths are not allowed here (no allowed media directory is set)")
+    path, root = Path(s.removeprefix("file://")).resolve(), Path(allowed_dir).resolve()
+    if not path.is_relative_to(root):
+        raise MultiModalError(f"image path {s} is outside the allowed directory {root}")
+    if not path.is_file():
+        raise MultiModalError(f"image file not found: {s}")
+    return decode_image(path.read_bytes(), f"image file {path.name}")
+
+
+# %% ../nbs/28_multimodal.ipynb #87e52cef
 def load_image(src, allowed_dir=None):
-    "A PIL RGB image from a PIL image, bytes, a `data:` URL, or (only under `allowed_dir`) a local path or `file://` URL."
+    """A PIL RGB image from a PIL image, bytes, a `data:` URL, or (only under `allowed_dir`) a local path or
+    `file://` URL."""
     from PIL import Image
 
     if isinstance(src, Image.Image):
@@ -65,24 +94,10 @@ def load_image(src, allowed_dir=None):
         raise MultiModalError(f"an image must be a PIL image, bytes or a URL, not {type(src).__name__}")
     s = str(src)
     if s.startswith("data:"):
-        head, _, b64 = s.partition(",")
-        if not head.startswith("data:image/") or ";base64" not in head:
-            raise MultiModalError("a data URL image must be 'data:image/<type>;base64,<data>'")
-        try:
-            data = base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise MultiModalError("the data URL image is not valid base64") from None
-        return decode_image(data)
+        return decode_image(_data_url_bytes(s))
     if s.startswith(("http://", "https://")):
-        raise MultiModalError(f"remote image URLs are not fetched: send the image as a data:image/...;base64 URL")
-    if allowed_dir is None:
-        raise MultiModalError("local image paths are not allowed here (no allowed media directory is set)")
-    path, root = Path(s.removeprefix("file://")).resolve(), Path(allowed_dir).resolve()
-    if not path.is_relative_to(root):
-        raise MultiModalError(f"image path {s} is outside the allowed directory {root}")
-    if not path.is_file():
-        raise MultiModalError(f"image file not found: {s}")
-    return decode_image(path.read_bytes(), f"image file {path.name}")
+        raise MultiModalError("remote image URLs are not fetched: send the image as a data:image/...;base64 URL")
+    return _local_image(s, allowed_dir)
 
 
 # %% ../nbs/28_multimodal.ipynb #af8166a2
@@ -112,10 +127,27 @@ def parse_prompt(prompt: dict):
     return prompt.get("prompt", prompt.get("prompt_token_ids")), [load_image(i) for i in images]
 
 
+# %% ../nbs/28_multimodal.ipynb #8969fa37
+def repeat_placeholders(ids: list, image_token_id: int, counts: list):
+    """`(ids with the i-th image placeholder repeated counts[i] times, [(offset, length)] per image)`; one
+    placeholder per image."""
+    pos = [i for i, t in enumerate(ids) if t == image_token_id]
+    if len(pos) != len(counts):
+        raise MultiModalError(f"the prompt has {len(pos)} image placeholder(s) but {len(counts)} image(s) were given")
+    out, spans, prev = [], [], 0
+    for a, n in zip(pos, counts, strict=True):
+        out += ids[prev:a]
+        spans.append((len(out), n))
+        out += [image_token_id] * n
+        prev = a + 1
+    return out + ids[prev:], spans
+
+
 # %% ../nbs/28_multimodal.ipynb #2592f8ce
 def expand_image_tokens(ids: list, image_token_id: int, num_tokens: int, num_images: int):
     """`(expanded ids, [(offset, length)] per image)`; raises unless the prompt has one placeholder per image.
-    `num_tokens=None` (a model whose image sizes decide their token counts) only checks the placeholders: the model expands them."""
+    `num_tokens=None` (a model whose image sizes decide their token counts) only checks the placeholders: the model
+    expands them."""
     pos = [i for i, t in enumerate(ids) if t == image_token_id]
     if num_tokens is None:
         if len(pos) != num_images:
@@ -127,23 +159,15 @@ def expand_image_tokens(ids: list, image_token_id: int, num_tokens: int, num_ima
         spans = [(p, num_tokens) for p in pos[::num_tokens]]
         if all(ids[o : o + n] == [image_token_id] * n for o, n in spans):
             return list(ids), spans
-    if len(pos) != num_images:
-        raise MultiModalError(f"the prompt has {len(pos)} image placeholder(s) but {num_images} image(s) were given")
-    out, spans, prev = [], [], 0
-    for a in pos:
-        out += ids[prev:a]
-        spans.append((len(out), num_tokens))
-        out += [image_token_id] * num_tokens
-        prev = a + 1
-    return out + ids[prev:], spans
+    return repeat_placeholders(ids, image_token_id, [num_tokens] * num_images)
 
 
 # %% ../nbs/28_multimodal.ipynb #8e4bd517
 @dataclass(eq=False)
 class ImageInput:
     """One image of a request: its token span in the prompt, its content hash, its features `[length, width]`.
-    A model with three-row positions (M-RoPE, Qwen3-VL) also gives each image its tokens' `positions` `[3, length]` and the
-    `rope_shift` of the text after it (its position minus its index in the prompt)."""
+    A model with three-row positions (M-RoPE, Qwen3-VL) also gives each image its tokens' `positions` `[3, length]`
+    and the `rope_shift` of the text after it (its position minus its index in the prompt)."""
 
     offset: int
     length: int
@@ -153,26 +177,38 @@ class ImageInput:
     rope_shift: int = 0
 
 
-def load_image_processor(model_dir):
-    "transformers' image processor of the checkpoint in `model_dir` (the PIL backend when torchvision is absent)."
-    from transformers import AutoImageProcessor
+# %% ../nbs/28_multimodal.ipynb #6755069a
+@contextlib.contextmanager
+def quiet_transformers():
+    "transformers' logging at errors only, for the duration of the block."
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return AutoImageProcessor.from_pretrained(str(model_dir))
-    except Exception as e:
-        raise MultiModalError(f"no image processor in {model_dir}: {e}") from None
+        yield
     finally:
         hf_logging.set_verbosity(verbosity)
 
 
+# %% ../nbs/28_multimodal.ipynb #b09bcd15
+def load_image_processor(model_dir):
+    "transformers' image processor of the checkpoint in `model_dir` (the PIL backend when torchvision is absent)."
+    from transformers import AutoImageProcessor
+
+    try:
+        with quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoImageProcessor.from_pretrained(str(model_dir))
+    except Exception as e:
+        raise MultiModalError(f"no image processor in {model_dir}: {e}") from None
+
+
+# %% ../nbs/28_multimodal.ipynb #95675941
 @torch.inference_mode()
 def process_images(model, image_processor, ids: list, images: list, max_model_len: int, device=None):
-    "`(expanded ids, tuple of ImageInput with features)` for a prompt of `ids` with `images`; a model with its own `process_images` does it all."
+    """`(expanded ids, tuple of ImageInput with features)` for a prompt of `ids` with `images`; a model with its own
+    `process_images` does it all."""
     if hasattr(model, "process_images"):
         return model.process_images(image_processor, list(ids), images, max_model_len, device)
     n = model.num_image_tokens
@@ -188,7 +224,9 @@ def process_images(model, image_processor, ids: list, images: list, max_model_le
     if device is None:
         device = next(model.parameters()).device
     feats = model.embed_images(pixels.to(device))
-    return ids, tuple(ImageInput(off, L, image_hash(im), f) for (off, L), im, f in zip(spans, images, feats))
+    return ids, tuple(
+        ImageInput(off, L, image_hash(im), f) for (off, L), im, f in zip(spans, images, feats, strict=True)
+    )
 
 
 # %% ../nbs/28_multimodal.ipynb #30f5bc00
@@ -202,7 +240,8 @@ class TokensWithImages(list):
 
 # %% ../nbs/28_multimodal.ipynb #8a25b7e8
 def expand_placeholders(engine, ids: list, images: list) -> list:
-    "`ids` with each image placeholder expanded to that image's number of tokens, as the engine's request will hold them."
+    """`ids` with each image placeholder expanded to that image's number of tokens, as the engine's request will hold
+    them."""
     m = engine.model
     if getattr(m, "num_image_tokens", None) is not None:
         return expand_image_tokens(ids, m.image_token_id, m.num_image_tokens, len(images))[0]
@@ -211,20 +250,16 @@ def expand_placeholders(engine, ids: list, images: list) -> list:
             raise MultiModalError("no image processor: give the engine a model_dir or set engine.image_processor")
         engine.image_processor = load_image_processor(engine.model_dir)
     counts = m.image_token_counts(engine.image_processor, images)
-    pos = [i for i, t in enumerate(ids) if t == m.image_token_id]
-    if len(pos) != len(images):
-        raise MultiModalError(f"the prompt has {len(pos)} image placeholder(s) but {len(images)} image(s) were given")
-    out, prev = [], 0
-    for a, n in zip(pos, counts):
-        out += ids[prev:a] + [m.image_token_id] * n
-        prev = a + 1
-    return out + ids[prev:]
+    if len(counts) != len(images):
+        raise MultiModalError(f"{len(counts)} image token counts for {len(images)} image(s)")
+    return repeat_placeholders(ids, m.image_token_id, counts)[0]
 
 
 # %% ../nbs/28_multimodal.ipynb #57c430ba
 def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | None:
-    """The step's `inputs_embeds` `[T, hidden]` with image features at their rows, or None when no scheduled chunk holds image tokens.
-    Features wider than `hidden` (Qwen3-VL's DeepStack features follow the merged ones) widen every row, text rows with zeros."""
+    """The step's `inputs_embeds` `[T, hidden]` with image features at their rows, or None when no scheduled chunk holds
+    image tokens. Features wider than `hidden` (Qwen3-VL's DeepStack features follow the merged ones) widen every row,
+    text rows with zeros."""
     rows, srcs, row0 = [], [], 0
     for seq, n in scheduled:
         start = seq.num_computed_tokens
@@ -245,7 +280,8 @@ def image_embeds(model, input_ids: torch.Tensor, scheduled) -> torch.Tensor | No
 
 # %% ../nbs/28_multimodal.ipynb #65b27069
 def mrope_step_positions(scheduled, device=None) -> torch.Tensor:
-    "The step's positions for an M-RoPE model: `[T]` when no chunk holds image tokens (all three rows equal), else `[3, T]`."
+    """The step's positions for an M-RoPE model: `[T]` when no chunk holds image tokens (all three rows equal), else
+    `[3, T]`."""
     import numpy as np
 
     parts, three = [], False
@@ -272,6 +308,23 @@ def mrope_step_positions(scheduled, device=None) -> torch.Tensor:
     return torch.from_numpy(pos.astype(np.int64)).to(device or "cpu")
 
 
+# %% ../nbs/28_multimodal.ipynb #432ed8d5
+def _content_part(p: dict, allowed_dir, images: list) -> dict:
+    "One content part as the chat template reads it; an image part's image is loaded and appended to `images`."
+    t = p.get("type")
+    if t == "text":
+        return {"type": "text", "text": p.get("text", "")}
+    if t not in ("image_url", "image"):
+        raise MultiModalError(f"unsupported content part type '{t}' (text, image_url, image)")
+    src = p.get("image") if t == "image" else (p.get("image_url") or {})
+    if t == "image_url":
+        src = src.get("url") if isinstance(src, dict) else src
+    if src is None:
+        raise MultiModalError(f"an '{t}' content part without an image")
+    images.append(load_image(src, allowed_dir))
+    return {"type": "image"}
+
+
 # %% ../nbs/28_multimodal.ipynb #674484fc
 def chat_images(messages: list, allowed_dir=None):
     "`(messages with image parts as {'type': 'image'}, [images in order])`."
@@ -281,20 +334,5 @@ def chat_images(messages: list, allowed_dir=None):
         if not isinstance(c, list):
             out.append(m)
             continue
-        parts = []
-        for p in c:
-            t = p.get("type")
-            if t == "text":
-                parts.append({"type": "text", "text": p.get("text", "")})
-            elif t in ("image_url", "image"):
-                src = p.get("image") if t == "image" else (p.get("image_url") or {})
-                if t == "image_url":
-                    src = src.get("url") if isinstance(src, dict) else src
-                if src is None:
-                    raise MultiModalError(f"an '{t}' content part without an image")
-                images.append(load_image(src, allowed_dir))
-                parts.append({"type": "image"})
-            else:
-                raise MultiModalError(f"unsupported content part type '{t}' (text, image_url, image)")
-        out.append({**m, "content": parts})
+        out.append({**m, "content": [_content_part(p, allowed_dir, images) for p in c]})
     return out, images

@@ -1,4 +1,4 @@
-"""Linear methods that keep weights in 8 bits — int8 or fp8 quantized at load (`quantization="int8" | "fp8"`), FP8 block checkpoints and compressed-tensors W8A8 checkpoints read as they are — on the layer seam of `02_layers.ipynb`.
+"""8-bit linear methods: int8 or fp8 quantized at load, FP8 block and compressed-tensors W8A8 checkpoints.
 
 Docs: https://litellama.github.io/litellama/nbs/quant8.html.md"""
 
@@ -8,7 +8,6 @@ Docs: https://litellama.github.io/litellama/nbs/quant8.html.md"""
 __all__ = [
     "W8A8_MIN_TOKENS",
     "CT_FORMATS",
-    "LINEAR_WEIGHT",
     "quantize_per_channel",
     "fp8_tensor_cores",
     "RuntimeW8",
@@ -17,25 +16,22 @@ __all__ = [
     "Fp8Config",
     "CompressedTensorsConfig",
     "fp8_block_quantize",
-    "write_fp8_block_checkpoint",
-    "write_w8a8_int8_checkpoint",
 ]
 
 # %% ../nbs/20_quant8.ipynb #a9d2da21
-import json
-from pathlib import Path
-
 import torch
 from torch import nn
 
 from .kernels.quant_gemm import QMAX
 from .kernels.registry import ops
 from .layers import LinearMethod, QuantConfig, copy_shard
+from .utils import patch
 
 
 # %% ../nbs/20_quant8.ipynb #82516bcc
 def quantize_per_channel(w: torch.Tensor, dtype=torch.int8):
-    "`(codes [N, K] of dtype, scale [N] float32)`: symmetric round-to-nearest, one scale per output row, computed in float32."
+    """`(codes [N, K] of dtype, scale [N] float32)`: symmetric round-to-nearest, one scale per output row, computed
+    in float32."""
     if dtype not in QMAX:
         raise ValueError(f"cannot quantize to {dtype}; int8 or float8_e4m3fn")
     w = w.float()
@@ -49,59 +45,76 @@ def quantize_per_channel(w: torch.Tensor, dtype=torch.int8):
 W8A8_MIN_TOKENS = 17
 
 
+# %% ../nbs/20_quant8.ipynb #bb8573c5
 def fp8_tensor_cores(device) -> bool:
     "Does `device` multiply fp8 in hardware (CUDA compute capability 8.9 or later)?"
     device = torch.device(device)
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+# %% ../nbs/20_quant8.ipynb #a2434dff
 def _use_w8a8(x: torch.Tensor, qdtype) -> bool:
     if x.shape[0] < W8A8_MIN_TOKENS and x.is_cuda:
         return False
     return qdtype == torch.int8 or fp8_tensor_cores(x.device)
 
 
+# %% ../nbs/20_quant8.ipynb #c8c6beb5
 def _flat(x):
     return x.reshape(-1, x.shape[-1])
 
 
 # %% ../nbs/20_quant8.ipynb #6a458432
 class RuntimeW8(LinearMethod):
-    "A 16-bit checkpoint weight quantized per output channel to int8 or fp8 as it loads; W8A16, or W8A8 (`w8a8`) where it pays."
+    """A 16-bit checkpoint weight quantized per output channel to int8 or fp8 as it loads; W8A16, or W8A8 (`w8a8`)
+    where it pays."""
 
     def __init__(self, qdtype=torch.int8, w8a8: bool = False):
         self.qdtype, self.w8a8 = qdtype, w8a8
 
-    def create_weights(self, layer, dtype, device):
-        layer.weight = nn.Parameter(
-            torch.empty(layer.out_features, layer.in_features, dtype=self.qdtype, device=device), requires_grad=False
+
+# %% ../nbs/20_quant8.ipynb #47ef1eae
+@patch
+def create_weights(self: RuntimeW8, layer, dtype, device):
+    layer.weight = nn.Parameter(
+        torch.empty(layer.out_features, layer.in_features, dtype=self.qdtype, device=device), requires_grad=False
+    )
+    layer.weight_scale = nn.Parameter(
+        torch.empty(layer.out_features, dtype=torch.float32, device=device), requires_grad=False
+    )
+
+
+# %% ../nbs/20_quant8.ipynb #fc381748
+@patch
+def load(self: RuntimeW8, layer, param_name, tensor, shard=None):
+    if param_name != "weight":
+        raise KeyError(f"a runtime-quantized layer loads only 'weight', not '{param_name}'")
+    if not tensor.is_floating_point() or tensor.element_size() < 2:
+        raise ValueError(
+            f"runtime {self.qdtype} quantization needs a 16/32-bit weight, got {tensor.dtype} (is the checkpoint "
+            "already quantized?)"
         )
-        layer.weight_scale = nn.Parameter(
-            torch.empty(layer.out_features, dtype=torch.float32, device=device), requires_grad=False
-        )
+    q, s = quantize_per_channel(tensor.to(layer.weight.device), self.qdtype)
+    copy_shard(layer.weight, q, layer.shards, shard)
+    copy_shard(layer.weight_scale, s, layer.shards, shard)
 
-    def load(self, layer, param_name, tensor, shard=None):
-        if param_name != "weight":
-            raise KeyError(f"a runtime-quantized layer loads only 'weight', not '{param_name}'")
-        if not tensor.is_floating_point() or tensor.element_size() < 2:
-            raise ValueError(
-                f"runtime {self.qdtype} quantization needs a 16/32-bit weight, got {tensor.dtype} (is the checkpoint already quantized?)"
-            )
-        q, s = quantize_per_channel(tensor.to(layer.weight.device), self.qdtype)
-        copy_shard(layer.weight, q, layer.shards, shard)
-        copy_shard(layer.weight_scale, s, layer.shards, shard)
 
-    def expected(self, layer, param_name):
-        return list(layer.shards) if param_name == "weight" else []
+# %% ../nbs/20_quant8.ipynb #427fa873
+@patch
+def apply(self: RuntimeW8, layer, x, bias=None):
+    x2 = _flat(x)
+    if self.w8a8 and _use_w8a8(x2, self.qdtype):
+        xq, sx = ops.per_token_quant(x2, self.qdtype)
+        y = ops.scaled_mm(xq, sx, layer.weight, layer.weight_scale, bias, x.dtype)
+    else:
+        y = ops.w8a16_gemm(x2, layer.weight, layer.weight_scale, bias)
+    return y.reshape(*x.shape[:-1], -1)
 
-    def apply(self, layer, x, bias=None):
-        x2 = _flat(x)
-        if self.w8a8 and _use_w8a8(x2, self.qdtype):
-            xq, sx = ops.per_token_quant(x2, self.qdtype)
-            y = ops.scaled_mm(xq, sx, layer.weight, layer.weight_scale, bias, x.dtype)
-        else:
-            y = ops.w8a16_gemm(x2, layer.weight, layer.weight_scale, bias)
-        return y.reshape(*x.shape[:-1], -1)
+
+# %% ../nbs/20_quant8.ipynb #c7da7bbf
+@patch
+def expected(self: RuntimeW8, layer, param_name):
+    return list(layer.shards) if param_name == "weight" else []
 
 
 # %% ../nbs/20_quant8.ipynb #d44e40ec
@@ -110,19 +123,26 @@ class Int8Config(QuantConfig):
 
     name = "int8"
 
-    @classmethod
-    def for_runtime(cls, name):
-        return cls()
 
-    @classmethod
-    def from_hf(cls, qc, model_dir=None):
-        raise ValueError(
-            "'int8' is a scheme to quantize with at load time (quantization='int8'), not a checkpoint format; "
-            "int8 checkpoints load as compressed-tensors"
-        )
+# %% ../nbs/20_quant8.ipynb #e2698d72
+@patch(cls_method=True)
+def from_hf(cls: Int8Config, qc, model_dir=None):
+    raise ValueError(
+        "'int8' is a scheme to quantize with at load time (quantization='int8'), not a checkpoint format; "
+        "int8 checkpoints load as compressed-tensors"
+    )
 
-    def method_for(self, layer, prefix):
-        return RuntimeW8(torch.int8)  # an untied LM head too; a tied one stays the embedding
+
+# %% ../nbs/20_quant8.ipynb #563d2a60
+@patch(cls_method=True)
+def for_runtime(cls: Int8Config, name):
+    return cls()
+
+
+# %% ../nbs/20_quant8.ipynb #fd4999e7
+@patch
+def method_for(self: Int8Config, layer, prefix):
+    return RuntimeW8(torch.int8)  # an untied LM head too; a tied one stays the embedding
 
 
 # %% ../nbs/20_quant8.ipynb #86fa73ad
@@ -134,9 +154,11 @@ def _expand_rows(t: torch.Tensor, bn: int, rows: int) -> torch.Tensor:
     return t.repeat_interleave(bn, 0)[:rows]
 
 
+# %% ../nbs/20_quant8.ipynb #295f1fb4
 class CheckpointW8(LinearMethod):
-    """8-bit weights read from a quantized checkpoint. `block=(bn, bk)`: block scales named `scale_name`; else per channel
-    (`[N, 1]`) or per tensor. `activations`: None (W8A16), 'dynamic' (per token, or per `bk` group with blocks) or 'static'."""
+    """8-bit weights read from a quantized checkpoint. `block=(bn, bk)`: block scales named `scale_name`; else per
+    channel (`[N, 1]`) or per tensor. `activations`: None (W8A16), 'dynamic' (per token, or per `bk` group with blocks)
+    or 'static'."""
 
     def __init__(self, qdtype, block=None, activations=None, scale_name="weight_scale"):
         self.qdtype, self.block, self.activations, self.scale_name = (
@@ -146,120 +168,147 @@ class CheckpointW8(LinearMethod):
             scale_name,
         )
 
-    def create_weights(self, layer, dtype, device):
-        layer.weight = nn.Parameter(
-            torch.empty(layer.out_features, layer.in_features, dtype=self.qdtype, device=device), requires_grad=False
+
+# %% ../nbs/20_quant8.ipynb #b57e89c6
+@patch
+def expected(self: CheckpointW8, layer, param_name):  # noqa: F811 - patched onto the class
+    return list(layer.shards) if param_name in ("weight", self.scale_name, "input_scale") else []
+
+
+# %% ../nbs/20_quant8.ipynb #ed7aec94
+@patch
+def create_weights(self: CheckpointW8, layer, dtype, device):  # noqa: F811 - patched onto the class
+    layer.weight = nn.Parameter(
+        torch.empty(layer.out_features, layer.in_features, dtype=self.qdtype, device=device), requires_grad=False
+    )
+    kb = -(-layer.in_features // self.block[1]) if self.block else 1
+    layer.register_parameter(
+        self.scale_name,
+        nn.Parameter(torch.empty(layer.out_features, kb, dtype=torch.float32, device=device), requires_grad=False),
+    )
+    if self.activations == "static":
+        layer.input_scale = nn.Parameter(
+            torch.zeros(layer.out_features, dtype=torch.float32, device=device), requires_grad=False
         )
-        kb = -(-layer.in_features // self.block[1]) if self.block else 1
-        layer.register_parameter(
+
+
+# %% ../nbs/20_quant8.ipynb #66081231
+@patch
+def load(self: CheckpointW8, layer, param_name, tensor, shard=None):  # noqa: F811 - patched onto the class
+    rows = layer.shards[shard][1] if shard in layer.shards else layer.out_features
+    if param_name == "weight":
+        if tensor.dtype != self.qdtype:
+            raise ValueError(
+                f"expected a {self.qdtype} weight, got {tensor.dtype} (a layer the checkpoint left unquantized but "
+                "does not list as such?)"
+            )
+        return copy_shard(layer.weight, tensor, layer.shards, shard)
+    if param_name == self.scale_name:
+        bn, bk = self.block or (rows, layer.in_features)
+        want = (-(-rows // bn), -(-layer.in_features // bk))
+        if self.block and tuple(tensor.shape) != want:
+            raise ValueError(
+                f"{param_name} is {tuple(tensor.shape)}, expected {want} for {rows}x{layer.in_features} in "
+                f"{bn}x{bk} blocks"
+            )
+        if not self.block and tensor.numel() not in (1, rows):
+            raise ValueError(
+                f"{param_name} has {tensor.numel()} entries, expected {rows} (per channel) or 1 (per tensor)"
+            )
+        s = _expand_rows(tensor, bn, rows) if self.block else tensor.float().reshape(-1, 1).expand(rows, 1)
+        return copy_shard(getattr(layer, param_name), s, layer.shards, shard)
+    if param_name == "input_scale" and self.activations == "static":
+        return copy_shard(layer.input_scale, tensor.float().reshape(1).expand(rows), layer.shards, shard)
+    raise KeyError(f"unexpected tensor '{param_name}' for an 8-bit checkpoint layer")
+
+
+# %% ../nbs/20_quant8.ipynb #76f93f97
+@patch
+def process_after_loading(self: CheckpointW8, layer):
+    if self.activations == "static":
+        layer.input_scale.data.fill_(layer.input_scale.max().item())  # one scale for the fused input
+    if not self.block:
+        setattr(
+            layer,
             self.scale_name,
-            nn.Parameter(torch.empty(layer.out_features, kb, dtype=torch.float32, device=device), requires_grad=False),
+            nn.Parameter(getattr(layer, self.scale_name).data[:, 0].contiguous(), requires_grad=False),
         )
-        if self.activations == "static":
-            layer.input_scale = nn.Parameter(
-                torch.zeros(layer.out_features, dtype=torch.float32, device=device), requires_grad=False
-            )
 
-    def load(self, layer, param_name, tensor, shard=None):
-        rows = layer.shards[shard][1] if shard in layer.shards else layer.out_features
-        if param_name == "weight":
-            if tensor.dtype != self.qdtype:
-                raise ValueError(
-                    f"expected a {self.qdtype} weight, got {tensor.dtype} (a layer the checkpoint left unquantized but does not list as such?)"
-                )
-            return copy_shard(layer.weight, tensor, layer.shards, shard)
-        if param_name == self.scale_name:
-            bn, bk = self.block or (rows, layer.in_features)
-            want = (-(-rows // bn), -(-layer.in_features // bk))
-            if self.block and tuple(tensor.shape) != want:
-                raise ValueError(
-                    f"{param_name} is {tuple(tensor.shape)}, expected {want} for {rows}x{layer.in_features} in {bn}x{bk} blocks"
-                )
-            if not self.block and tensor.numel() not in (1, rows):
-                raise ValueError(
-                    f"{param_name} has {tensor.numel()} entries, expected {rows} (per channel) or 1 (per tensor)"
-                )
-            s = _expand_rows(tensor, bn, rows) if self.block else tensor.float().reshape(-1, 1).expand(rows, 1)
-            return copy_shard(getattr(layer, param_name), s, layer.shards, shard)
-        if param_name == "input_scale" and self.activations == "static":
-            return copy_shard(layer.input_scale, tensor.float().reshape(1).expand(rows), layer.shards, shard)
-        raise KeyError(f"unexpected tensor '{param_name}' for an 8-bit checkpoint layer")
 
-    def expected(self, layer, param_name):
-        return list(layer.shards) if param_name in ("weight", self.scale_name, "input_scale") else []
-
-    def process_after_loading(self, layer):
-        if self.activations == "static":
-            layer.input_scale.data.fill_(layer.input_scale.max().item())  # one scale for the fused input
-        if not self.block:
-            setattr(
-                layer,
-                self.scale_name,
-                nn.Parameter(getattr(layer, self.scale_name).data[:, 0].contiguous(), requires_grad=False),
-            )
-
-    def apply(self, layer, x, bias=None):
-        x2, scale = _flat(x), getattr(layer, self.scale_name)
-        blk = (1, self.block[1]) if self.block else None
-        if self.activations is None or not _use_w8a8(x2, self.qdtype):
-            y = ops.w8a16_gemm(x2, layer.weight, scale, bias, blk)
-        elif self.activations == "static":
-            s = layer.input_scale[:1]
-            qmax = QMAX[self.qdtype]
-            v = (x2.float() / s).clamp(-qmax, qmax)
-            xq = v.round().to(torch.int8) if self.qdtype == torch.int8 else v.to(self.qdtype)
-            y = ops.scaled_mm(xq, s.expand(x2.shape[0]), layer.weight, scale, bias, x.dtype)
-        elif blk:
-            xq, sx = ops.per_token_quant(x2, self.qdtype, self.block[1])
-            y = ops.block_scaled_mm(xq, sx, layer.weight, scale, blk, bias, x.dtype)
-        else:
-            xq, sx = ops.per_token_quant(x2, self.qdtype)
-            y = ops.scaled_mm(xq, sx, layer.weight, scale, bias, x.dtype)
-        return y.reshape(*x.shape[:-1], -1)
+# %% ../nbs/20_quant8.ipynb #5a2a5e59
+@patch
+def apply(self: CheckpointW8, layer, x, bias=None):  # noqa: F811 - patched onto the class
+    x2, scale = _flat(x), getattr(layer, self.scale_name)
+    blk = (1, self.block[1]) if self.block else None
+    if self.activations is None or not _use_w8a8(x2, self.qdtype):
+        y = ops.w8a16_gemm(x2, layer.weight, scale, bias, blk)
+    elif self.activations == "static":
+        s = layer.input_scale[:1]
+        qmax = QMAX[self.qdtype]
+        v = (x2.float() / s).clamp(-qmax, qmax)
+        xq = v.round().to(torch.int8) if self.qdtype == torch.int8 else v.to(self.qdtype)
+        y = ops.scaled_mm(xq, s.expand(x2.shape[0]), layer.weight, scale, bias, x.dtype)
+    elif blk:
+        xq, sx = ops.per_token_quant(x2, self.qdtype, self.block[1])
+        y = ops.block_scaled_mm(xq, sx, layer.weight, scale, blk, bias, x.dtype)
+    else:
+        xq, sx = ops.per_token_quant(x2, self.qdtype)
+        y = ops.scaled_mm(xq, sx, layer.weight, scale, bias, x.dtype)
+    return y.reshape(*x.shape[:-1], -1)
 
 
 # %% ../nbs/20_quant8.ipynb #eac5bb67
 class Fp8Config(QuantConfig):
-    """`quantization='fp8'` (runtime: per-channel e4m3 weights, W8A16; W8A8 with per-token fp8 activations on sm_89+), or a
-    `quant_method: "fp8"` checkpoint (block scales `weight_block_size`, or per-tensor), `modules_to_not_convert` kept 16-bit."""
+    """`quantization='fp8'` (runtime: per-channel e4m3 weights, W8A16; W8A8 with per-token fp8 activations on sm_89+),
+    or a `quant_method: "fp8"` checkpoint (block scales `weight_block_size`, or per-tensor), `modules_to_not_convert`
+    kept 16-bit."""
 
     name = "fp8"
 
     def __init__(self, checkpoint=False, block=None, activations="dynamic", ignore=()):
         self.checkpoint, self.block, self.activations, self.ignore = checkpoint, block, activations, list(ignore or ())
 
-    @classmethod
-    def for_runtime(cls, name):
-        return cls()
 
-    @classmethod
-    def from_hf(cls, qc, model_dir=None):
-        act = str(qc.get("activation_scheme", "dynamic")).lower()
-        block = qc.get("weight_block_size")
-        if act not in ("dynamic", "static"):
-            raise ValueError(f"fp8 activation_scheme '{act}' is not supported (dynamic or static)")
-        if block is not None and (len(block) != 2 or act == "static"):
-            raise ValueError(
-                f"fp8 weight_block_size {block} with activation_scheme '{act}' is not supported (two sizes, dynamic activations)"
-            )
-        if qc.get("fmt", "e4m3") != "e4m3":
-            raise ValueError(f"fp8 format '{qc.get('fmt')}' is not supported (e4m3 only)")
-        return cls(True, block, act, qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ())
+# %% ../nbs/20_quant8.ipynb #dbd5914a
+@patch(cls_method=True)
+def for_runtime(cls: Fp8Config, name):  # noqa: F811 - patched onto the class
+    return cls()
 
-    def method_for(self, layer, prefix):
-        if not self.checkpoint:
-            return RuntimeW8(torch.float8_e4m3fn, w8a8=prefix != "lm_head")  # the head: W8A16
-        if self.skipped(prefix, self.ignore):
-            return None
-        return CheckpointW8(
-            torch.float8_e4m3fn, self.block, self.activations, "weight_scale_inv" if self.block else "weight_scale"
+
+# %% ../nbs/20_quant8.ipynb #47982c81
+@patch
+def method_for(self: Fp8Config, layer, prefix):  # noqa: F811 - patched onto the class
+    if not self.checkpoint:
+        return RuntimeW8(torch.float8_e4m3fn, w8a8=prefix != "lm_head")  # the head: W8A16
+    if self.skipped(prefix, self.ignore):
+        return None
+    return CheckpointW8(
+        torch.float8_e4m3fn, self.block, self.activations, "weight_scale_inv" if self.block else "weight_scale"
+    )
+
+
+# %% ../nbs/20_quant8.ipynb #17195ad2
+@patch(cls_method=True)
+def from_hf(cls: Fp8Config, qc, model_dir=None):  # noqa: F811 - patched onto the class
+    act = str(qc.get("activation_scheme", "dynamic")).lower()
+    block = qc.get("weight_block_size")
+    if act not in ("dynamic", "static"):
+        raise ValueError(f"fp8 activation_scheme '{act}' is not supported (dynamic or static)")
+    if block is not None and (len(block) != 2 or act == "static"):
+        raise ValueError(
+            f"fp8 weight_block_size {block} with activation_scheme '{act}' is not supported (two sizes, dynamic "
+            "activations)"
         )
+    if qc.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"fp8 format '{qc.get('fmt')}' is not supported (e4m3 only)")
+    return cls(True, block, act, qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ())
 
 
 # %% ../nbs/20_quant8.ipynb #3c2f4fdf
 CT_FORMATS = ("int-quantized", "float-quantized", "naive-quantized")
 
 
+# %% ../nbs/20_quant8.ipynb #b2d15fee
 def _ct_scheme(group: dict) -> tuple:
     "`(qdtype, activations)` of one compressed-tensors config group, or ValueError naming what is unsupported."
     w, a = group.get("weights") or {}, group.get("input_activations")
@@ -271,7 +320,8 @@ def _ct_scheme(group: dict) -> tuple:
         or w.get("strategy") not in ("channel", "tensor")
     ):
         raise ValueError(
-            f"compressed-tensors weights {{num_bits: {w.get('num_bits')}, type: {w.get('type')}, strategy: {w.get('strategy')}, "
+            f"compressed-tensors weights {{num_bits: {w.get('num_bits')}, type: {w.get('type')}, "
+            f"strategy: {w.get('strategy')}, "
             f"symmetric: {w.get('symmetric')}}} are not supported: 8-bit symmetric int or float, per channel or tensor"
         )
     if not a:
@@ -285,10 +335,12 @@ def _ct_scheme(group: dict) -> tuple:
     if a.get("dynamic") is False and a.get("strategy") == "tensor":
         return kind, "static"
     raise ValueError(
-        f"compressed-tensors activations dynamic={a.get('dynamic')} strategy={a.get('strategy')} are not supported: dynamic per token or static per tensor"
+        f"compressed-tensors activations dynamic={a.get('dynamic')} strategy={a.get('strategy')} are not supported: "
+        "dynamic per token or static per tensor"
     )
 
 
+# %% ../nbs/20_quant8.ipynb #0c4b70ab
 class CompressedTensorsConfig(QuantConfig):
     "A compressed-tensors checkpoint in an 8-bit format (`int-quantized` W8A8/W8A16, `float-quantized` FP8)."
 
@@ -297,43 +349,48 @@ class CompressedTensorsConfig(QuantConfig):
     def __init__(self, qdtype, activations, ignore=()):
         self.qdtype, self.activations, self.ignore = qdtype, activations, list(ignore or ())
 
-    @classmethod
-    def for_runtime(cls, name):
+
+# %% ../nbs/20_quant8.ipynb #8c69824c
+@patch(cls_method=True)
+def for_runtime(cls: CompressedTensorsConfig, name):  # noqa: F811 - patched onto the class
+    raise ValueError(
+        "'compressed-tensors' is a checkpoint format; to quantize at load use quantization='int8' or 'fp8'"
+    )
+
+
+# %% ../nbs/20_quant8.ipynb #7599c54e
+@patch
+def method_for(self: CompressedTensorsConfig, layer, prefix):  # noqa: F811 - patched onto the class
+    if self.skipped(prefix, self.ignore):
+        return None
+    return CheckpointW8(self.qdtype, None, self.activations, "weight_scale")
+
+
+# %% ../nbs/20_quant8.ipynb #d76cf9f8
+@patch(cls_method=True)
+def from_hf(cls: CompressedTensorsConfig, qc, model_dir=None):  # noqa: F811 - patched onto the class
+    fmt = qc.get("format")
+    if fmt not in CT_FORMATS:
         raise ValueError(
-            "'compressed-tensors' is a checkpoint format; to quantize at load use quantization='int8' or 'fp8'"
+            f"compressed-tensors format '{fmt}' is not supported; supported: {', '.join(CT_FORMATS)} (8-bit weights)"
         )
-
-    @classmethod
-    def from_hf(cls, qc, model_dir=None):
-        fmt = qc.get("format")
-        if fmt not in CT_FORMATS:
-            raise ValueError(
-                f"compressed-tensors format '{fmt}' is not supported; supported: {', '.join(CT_FORMATS)} (8-bit weights)"
-            )
-        groups = list((qc.get("config_groups") or {}).values())
-        if not groups:
-            raise ValueError("compressed-tensors quantization_config has no config_groups")
-        schemes = {_ct_scheme(g) for g in groups}
-        targets = {t for g in groups for t in g.get("targets", [])}
-        if len(schemes) != 1 or not targets <= {"Linear"}:
-            raise ValueError(
-                f"compressed-tensors with several schemes or targets other than Linear ({sorted(targets)}) is not supported"
-            )
-        ((qdtype, act),) = schemes
-        return cls(qdtype, act, qc.get("ignore") or ())
-
-    def method_for(self, layer, prefix):
-        if self.skipped(prefix, self.ignore):
-            return None
-        return CheckpointW8(self.qdtype, None, self.activations, "weight_scale")
+    groups = list((qc.get("config_groups") or {}).values())
+    if not groups:
+        raise ValueError("compressed-tensors quantization_config has no config_groups")
+    schemes = {_ct_scheme(g) for g in groups}
+    targets = {t for g in groups for t in g.get("targets", [])}
+    if len(schemes) != 1 or not targets <= {"Linear"}:
+        raise ValueError(
+            f"compressed-tensors with several schemes or targets other than Linear ({sorted(targets)}) is not supported"
+        )
+    ((qdtype, act),) = schemes
+    return cls(qdtype, act, qc.get("ignore") or ())
 
 
-# %% ../nbs/20_quant8.ipynb #75bb5db1
-LINEAR_WEIGHT = ("_proj.weight", "lm_head.weight")
-
-
+# %% ../nbs/20_quant8.ipynb #0d5d17dc
 def fp8_block_quantize(w: torch.Tensor, block=(128, 128), scale_dtype=torch.float32):
-    "`(weight float8_e4m3fn [N, K], weight_scale_inv [ceil(N/bn), ceil(K/bk)] in scale_dtype)`, ragged last blocks included."
+    """`(weight float8_e4m3fn [N, K], weight_scale_inv [ceil(N/bn), ceil(K/bk)] in scale_dtype)`, ragged last blocks
+    included."""
     N, K = w.shape
     bn, bk = block
     nb, kb = -(-N // bn), -(-K // bk)
@@ -341,90 +398,3 @@ def fp8_block_quantize(w: torch.Tensor, block=(128, 128), scale_dtype=torch.floa
     s = (pad.abs().amax((1, 3)).clamp_min(1e-12) / 448).to(scale_dtype)
     q = (pad / s.float()[:, None, :, None]).clamp(-448, 448).view(nb * bn, kb * bk)[:N, :K].to(torch.float8_e4m3fn)
     return q, s
-
-
-def _copy_side_files(src: Path, out: Path):
-    for f in src.iterdir():
-        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json")) and f.name != "config.json":
-            (out / f.name).write_bytes(f.read_bytes())
-
-
-def _write(out: Path, tensors: dict, src: Path, qc: dict):
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
-    )
-    _copy_side_files(src, out)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"] = qc
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    return out
-
-
-# %% ../nbs/20_quant8.ipynb #42dfb5c6
-def write_fp8_block_checkpoint(
-    model_dir, out_dir, block=(128, 128), scale_dtype=torch.float32, modules_to_not_convert=("lm_head",)
-) -> Path:
-    "An FP8 block checkpoint (`quant_method: fp8`) of the 16-bit checkpoint in `model_dir`, written to `out_dir`."
-    from litellama.loader import iter_weights, weight_files
-
-    src, out = Path(model_dir), Path(out_dir)
-    skip = list(modules_to_not_convert or ())
-    tensors = {}
-    for name, t in iter_weights(weight_files(src)):
-        module = name.removesuffix(".weight")
-        if name.endswith(LINEAR_WEIGHT) and t.dim() == 2 and not QuantConfig.skipped(module, skip):
-            tensors[name], tensors[module + ".weight_scale_inv"] = fp8_block_quantize(t, block, scale_dtype)
-        else:
-            tensors[name] = t
-    return _write(
-        out,
-        tensors,
-        src,
-        {
-            "quant_method": "fp8",
-            "activation_scheme": "dynamic",
-            "fmt": "e4m3",
-            "weight_block_size": list(block),
-            "modules_to_not_convert": skip,
-        },
-    )
-
-
-def write_w8a8_int8_checkpoint(model_dir, out_dir, ignore=("lm_head",), tensors=None) -> Path:
-    """A compressed-tensors `int-quantized` W8A8 checkpoint (int8 per-channel weights, dynamic per-token int8 activations)
-    of `model_dir`'s checkpoint, or of `tensors` (`{name: tensor}`, e.g. smoothed weights) with `model_dir`'s config."""
-    from litellama.loader import iter_weights, weight_files
-
-    src, out = Path(model_dir), Path(out_dir)
-    items = tensors.items() if tensors is not None else iter_weights(weight_files(src))
-    res = {}
-    for name, t in items:
-        module = name.removesuffix(".weight")
-        if name.endswith(LINEAR_WEIGHT) and t.dim() == 2 and not QuantConfig.skipped(module, list(ignore)):
-            q, s = quantize_per_channel(t, torch.int8)
-            res[name], res[module + ".weight_scale"] = (
-                q,
-                s[:, None].to(t.dtype if t.is_floating_point() else torch.float32),
-            )
-        else:
-            res[name] = t
-    scheme = dict(num_bits=8, type="int", symmetric=True, group_size=None, actorder=None, block_structure=None)
-    qc = {
-        "quant_method": "compressed-tensors",
-        "format": "int-quantized",
-        "quantization_status": "compressed",
-        "ignore": list(ignore),
-        "kv_cache_scheme": None,
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "output_activations": None,
-                "weights": {**scheme, "strategy": "channel", "dynamic": False},
-                "input_activations": {**scheme, "strategy": "token", "dynamic": True},
-            }
-        },
-    }
-    return _write(out, res, src, qc)

@@ -1,4 +1,4 @@
-"""Move the activation outliers into the weights before quantizing both to int8: calibrate per-channel activation maxima, fold `1/s` into each norm and `s` into the layers it feeds, and write a compressed-tensors W8A8 checkpoint.
+"""SmoothQuant: move activation outliers into the weights, then write a W8A8 int8 checkpoint.
 
 Docs: https://litellama.github.io/litellama/nbs/smoothquant.html.md"""
 
@@ -7,9 +7,12 @@ Docs: https://litellama.github.io/litellama/nbs/smoothquant.html.md"""
 # %% auto #0
 __all__ = [
     "SMOOTH_GROUPS",
+    "LINEAR_WEIGHT",
     "activation_maxima",
     "smoothing_scales",
     "smooth",
+    "write_fp8_block_checkpoint",
+    "write_w8a8_int8_checkpoint",
     "calibration_sequences",
     "default_calibration_file",
     "quantize_smoothquant",
@@ -22,8 +25,9 @@ from pathlib import Path
 import torch
 
 from .attention import build_model_input
+from .layers import QuantConfig, head_dim
 from .loader import iter_weights, load_model, weight_files
-from .quant8 import write_w8a8_int8_checkpoint
+from .quant8 import fp8_block_quantize, quantize_per_channel
 
 # %% ../nbs/21_smoothquant.ipynb #6710c317
 SMOOTH_GROUPS = {  # our fused consumer -> (the norm before it, the checkpoint's consumer layers)
@@ -46,7 +50,7 @@ def activation_maxima(model, sequences, block_size: int = 16) -> dict:
 
             hooks.append(mod.register_forward_pre_hook(hook))
     c, dev = model.config, next(model.parameters()).device
-    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    hd = head_dim(c)
     dtype = next(p.dtype for p in model.parameters() if p.is_floating_point() and p.element_size() >= 2)
     try:
         for seq in sequences:
@@ -73,8 +77,10 @@ def smoothing_scales(act_max: torch.Tensor, weights, alpha: float = 0.5) -> torc
     return (act_max.float().clamp_min(1e-5) ** alpha / w_max.clamp_min(1e-5) ** (1 - alpha)).clamp_min(1e-5)
 
 
+# %% ../nbs/21_smoothquant.ipynb #d7a62524
 def smooth(tensors: dict, act_max: dict, alpha: float = 0.5) -> dict:
-    "A copy of the checkpoint `tensors` with each norm divided by, and its consumers' columns multiplied by, their scales (float32)."
+    """A copy of the checkpoint `tensors` with each norm divided by, and its consumers' columns multiplied by, their
+    scales (float32)."""
     out = dict(tensors)
     for fused, a in act_max.items():
         layer, group = (
@@ -90,6 +96,97 @@ def smooth(tensors: dict, act_max: dict, alpha: float = 0.5) -> dict:
     return out
 
 
+# %% ../nbs/21_smoothquant.ipynb #75bb5db1
+LINEAR_WEIGHT = ("_proj.weight", "lm_head.weight")
+
+
+# %% ../nbs/21_smoothquant.ipynb #e088a1cc
+def _copy_side_files(src: Path, out: Path):
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json")) and f.name != "config.json":
+            (out / f.name).write_bytes(f.read_bytes())
+
+
+# %% ../nbs/21_smoothquant.ipynb #a562a62f
+def _write(out: Path, tensors: dict, src: Path, qc: dict):
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
+    _copy_side_files(src, out)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = qc
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+# %% ../nbs/21_smoothquant.ipynb #42dfb5c6
+def write_fp8_block_checkpoint(
+    model_dir, out_dir, block=(128, 128), scale_dtype=torch.float32, modules_to_not_convert=("lm_head",)
+) -> Path:
+    "An FP8 block checkpoint (`quant_method: fp8`) of the 16-bit checkpoint in `model_dir`, written to `out_dir`."
+    src, out = Path(model_dir), Path(out_dir)
+    skip = list(modules_to_not_convert or ())
+    tensors = {}
+    for name, t in iter_weights(weight_files(src)):
+        module = name.removesuffix(".weight")
+        if name.endswith(LINEAR_WEIGHT) and t.dim() == 2 and not QuantConfig.skipped(module, skip):
+            tensors[name], tensors[module + ".weight_scale_inv"] = fp8_block_quantize(t, block, scale_dtype)
+        else:
+            tensors[name] = t
+    return _write(
+        out,
+        tensors,
+        src,
+        {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "weight_block_size": list(block),
+            "modules_to_not_convert": skip,
+        },
+    )
+
+
+# %% ../nbs/21_smoothquant.ipynb #01696ab6
+def write_w8a8_int8_checkpoint(model_dir, out_dir, ignore=("lm_head",), tensors=None) -> Path:
+    """A compressed-tensors `int-quantized` W8A8 checkpoint (int8 per-channel weights, dynamic per-token int8
+    activations) of `model_dir`'s checkpoint, or of `tensors` (`{name: tensor}`, e.g. smoothed weights) with
+    `model_dir`'s config."""
+    src, out = Path(model_dir), Path(out_dir)
+    items = tensors.items() if tensors is not None else iter_weights(weight_files(src))
+    res = {}
+    for name, t in items:
+        module = name.removesuffix(".weight")
+        if name.endswith(LINEAR_WEIGHT) and t.dim() == 2 and not QuantConfig.skipped(module, list(ignore)):
+            q, s = quantize_per_channel(t, torch.int8)
+            res[name], res[module + ".weight_scale"] = (
+                q,
+                s[:, None].to(t.dtype if t.is_floating_point() else torch.float32),
+            )
+        else:
+            res[name] = t
+    scheme = dict(num_bits=8, type="int", symmetric=True, group_size=None, actorder=None, block_structure=None)
+    qc = {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "quantization_status": "compressed",
+        "ignore": list(ignore),
+        "kv_cache_scheme": None,
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "output_activations": None,
+                "weights": {**scheme, "strategy": "channel", "dynamic": False},
+                "input_activations": {**scheme, "strategy": "token", "dynamic": True},
+            }
+        },
+    }
+    return _write(out, res, src, qc)
+
+
 # %% ../nbs/21_smoothquant.ipynb #f622a514
 def calibration_sequences(tokenizer, text: str, max_tokens: int = 4096, seq_len: int = 512) -> list:
     "The first `max_tokens` tokens of `text`, in chunks of at most `seq_len`."
@@ -99,10 +196,12 @@ def calibration_sequences(tokenizer, text: str, max_tokens: int = 4096, seq_len:
     return [ids[i : i + seq_len] for i in range(0, len(ids), seq_len)]
 
 
+# %% ../nbs/21_smoothquant.ipynb #708ba2a8
 def default_calibration_file() -> Path:
     return Path(__file__).parent / "data" / "calibration.txt"
 
 
+# %% ../nbs/21_smoothquant.ipynb #c661c511
 def quantize_smoothquant(
     model_dir,
     out_dir,
@@ -113,7 +212,8 @@ def quantize_smoothquant(
     device: str = "cpu",
     ignore=("lm_head",),
 ) -> Path:
-    "SmoothQuant W8A8 of the checkpoint in `model_dir`, calibrated on the text file `calibration`, written to `out_dir`."
+    """SmoothQuant W8A8 of the checkpoint in `model_dir`, calibrated on the text file `calibration`, written to
+    `out_dir`."""
     from transformers import AutoTokenizer
 
     if not 0 <= alpha <= 1:

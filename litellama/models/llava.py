@@ -1,4 +1,4 @@
-"""A CLIP vision tower, a two-layer projector and the shared Llama decoder: an image becomes a run of embeddings in the prompt, and from there it is text generation as usual.
+"""A CLIP vision tower, a two-layer projector and the shared Llama decoder.
 
 Docs: https://litellama.github.io/litellama/nbs/llava.html.md"""
 
@@ -19,21 +19,17 @@ __all__ = [
     "llava_key",
     "llava_config",
     "llava_processor",
-    "make_llava_checkpoint",
 ]
 
 # %% ../../nbs/29_llava.ipynb #16983a39
-import json
-import math
-from pathlib import Path
-
 import torch
 from torch import nn
 
 from ..attention import ModelInput
 from ..kernels.registry import ops
 from ..layers import Linear
-from .decoder import CausalLM, LlamaForCausalLM, load_weights
+from ..utils import patch
+from .decoder import CausalLM, LlamaForCausalLM
 
 
 # %% ../../nbs/29_llava.ipynb #b093285b
@@ -46,13 +42,18 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
 
-    def forward(self, x):
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+# %% ../../nbs/29_llava.ipynb #ffce351e
+@patch
+def forward(self: LayerNorm, x):
+    return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
 
+# %% ../../nbs/29_llava.ipynb #95e072a3
 ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu"}
 
 
+# %% ../../nbs/29_llava.ipynb #59794ae0
 def activation(name: str):
     "The registry op for an HF `hidden_act` name; a clear error for others."
     if name not in ACTIVATIONS:
@@ -77,13 +78,16 @@ class CLIPEncoderLayer(nn.Module):
         self.mlp.fc2 = Linear(vc.intermediate_size, H, True, dtype=dtype, device=device)
         self.act = activation(vc.hidden_act)
 
-    def forward(self, x, num_images: int):
-        h = self.layer_norm1(x)
-        q, k, v = (
-            t.reshape(num_images, -1, self.num_heads, self.head_dim) for t in self.self_attn.qkv_proj(h).chunk(3, -1)
-        )
-        x = x + self.self_attn.out_proj(ops.vision_attention(q, k, v, self.head_dim**-0.5).reshape(x.shape))
-        return x + self.mlp.fc2(self.act(self.mlp.fc1(self.layer_norm2(x))))
+
+# %% ../../nbs/29_llava.ipynb #2e411630
+@patch
+def forward(self: CLIPEncoderLayer, x, num_images: int):  # noqa: F811 - patched onto the class
+    h = self.layer_norm1(x)
+    q, k, v = (
+        t.reshape(num_images, -1, self.num_heads, self.head_dim) for t in self.self_attn.qkv_proj(h).chunk(3, -1)
+    )
+    x = x + self.self_attn.out_proj(ops.vision_attention(q, k, v, self.head_dim**-0.5).reshape(x.shape))
+    return x + self.mlp.fc2(self.act(self.mlp.fc1(self.layer_norm2(x))))
 
 
 # %% ../../nbs/29_llava.ipynb #b9225cf9
@@ -105,18 +109,22 @@ class CLIPVisionEmbeddings(nn.Module):
             torch.empty(self.num_patches + 1, H, dtype=dtype, device=device), requires_grad=False
         )
 
-    def forward(self, pixel_values):
-        B, C, S, _ = pixel_values.shape
-        if S != self.image_size or pixel_values.shape[-1] != self.image_size:
-            raise ValueError(
-                f"pixel_values are {S}x{pixel_values.shape[-1]}; this vision tower takes {self.image_size}x{self.image_size}"
-            )
-        p, n = self.patch_size, S // self.patch_size
-        patches = pixel_values.reshape(B, C, n, p, n, p).permute(0, 2, 4, 1, 3, 5).reshape(B * n * n, C * p * p)
-        w = self.patch_embedding.weight
-        x = ops.linear(patches.to(w.dtype), w.reshape(w.shape[0], -1)).view(B, n * n, -1)
-        x = torch.cat([self.class_embedding.expand(B, 1, -1), x], 1)
-        return x + self.position_embedding.weight
+
+# %% ../../nbs/29_llava.ipynb #d7706585
+@patch
+def forward(self: CLIPVisionEmbeddings, pixel_values):  # noqa: F811 - patched onto the class
+    B, C, S, _ = pixel_values.shape
+    if S != self.image_size or pixel_values.shape[-1] != self.image_size:
+        raise ValueError(
+            f"pixel_values are {S}x{pixel_values.shape[-1]}; this vision tower takes "
+            f"{self.image_size}x{self.image_size}"
+        )
+    p, n = self.patch_size, S // self.patch_size
+    patches = pixel_values.reshape(B, C, n, p, n, p).permute(0, 2, 4, 1, 3, 5).reshape(B * n * n, C * p * p)
+    w = self.patch_embedding.weight
+    x = ops.linear(patches.to(w.dtype), w.reshape(w.shape[0], -1)).view(B, n * n, -1)
+    x = torch.cat([self.class_embedding.expand(B, 1, -1), x], 1)
+    return x + self.position_embedding.weight
 
 
 # %% ../../nbs/29_llava.ipynb #74813192
@@ -133,16 +141,19 @@ class CLIPVisionTower(nn.Module):
             vc.hidden_size, vc.layer_norm_eps, dtype, device
         )  # the pooled output only: unused
 
-    def forward(self, pixel_values, feature_layers: list) -> torch.Tensor:
-        "`[images, patches + 1, hidden * len(feature_layers)]`."
-        n_states = len(self.encoder.layers) + 1
-        idx = [l % n_states for l in feature_layers]
-        B = pixel_values.shape[0]
-        x = self.pre_layrnorm(self.embeddings(pixel_values)).reshape(-1, self.pre_layrnorm.weight.shape[0])
-        states = [x]
-        for layer in self.encoder.layers[: max(idx)]:
-            states.append(x := layer(x, B))
-        return torch.cat([states[i].view(B, -1, x.shape[-1]) for i in idx], -1)
+
+# %% ../../nbs/29_llava.ipynb #79122312
+@patch
+def forward(self: CLIPVisionTower, pixel_values, feature_layers: list) -> torch.Tensor:  # noqa: F811 - patched onto the class
+    "`[images, patches + 1, hidden * len(feature_layers)]`."
+    n_states = len(self.encoder.layers) + 1
+    idx = [i % n_states for i in feature_layers]
+    B = pixel_values.shape[0]
+    x = self.pre_layrnorm(self.embeddings(pixel_values)).reshape(-1, self.pre_layrnorm.weight.shape[0])
+    states = [x]
+    for layer in self.encoder.layers[: max(idx)]:
+        states.append(x := layer(x, B))
+    return torch.cat([states[i].view(B, -1, x.shape[-1]) for i in idx], -1)
 
 
 # %% ../../nbs/29_llava.ipynb #f99c9fc0
@@ -155,13 +166,17 @@ class LlavaProjector(nn.Module):
         self.linear_2 = Linear(out_dim, out_dim, bias, dtype=dtype, device=device)
         self.act = activation(act)
 
-    def forward(self, x):
-        return self.linear_2(self.act(self.linear_1(x)))
+
+# %% ../../nbs/29_llava.ipynb #a902fa71
+@patch
+def forward(self: LlavaProjector, x):  # noqa: F811 - patched onto the class
+    return self.linear_2(self.act(self.linear_1(x)))
 
 
 # %% ../../nbs/29_llava.ipynb #8f51b5ac
 class LlavaForConditionalGeneration(nn.Module):
-    "LLaVA-1.5: CLIP tower + projector + Llama; `embed_images` once per image, then `forward(ModelInput)` like any decoder."
+    """LLaVA-1.5: CLIP tower + projector + Llama; `embed_images` once per image, then `forward(ModelInput)` like any
+    decoder."""
 
     packed_modules, ignored_suffixes = CausalLM.packed_modules, CausalLM.ignored_suffixes
 
@@ -195,26 +210,41 @@ class LlavaForConditionalGeneration(nn.Module):
         self.num_image_tokens = self.vision_tower.embeddings.num_patches + (self.select_strategy == "full")
         self.image_size = vc.image_size
 
-    def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        "`[images, num_image_tokens, text hidden]`: the projected features that replace each image's placeholder tokens."
-        dt = self.multi_modal_projector.linear_1.weight.dtype
-        feats = self.vision_tower(pixel_values.to(dt), self.feature_layers)
-        if self.select_strategy == "default":
-            feats = feats[:, 1:]
-        return self.multi_modal_projector(feats.reshape(-1, feats.shape[-1])).view(feats.shape[0], feats.shape[1], -1)
 
-    def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.model.embed_tokens(ids)
+# %% ../../nbs/29_llava.ipynb #466c1126
+@patch
+def forward(self: LlavaForConditionalGeneration, mi: ModelInput) -> torch.Tensor:  # noqa: F811 - patched onto the class
+    return self.language_model(mi)
 
-    def forward(self, mi: ModelInput) -> torch.Tensor:
-        return self.language_model(mi)
 
-    def bind_kv_cache(self, kv_cache):
-        self.language_model.bind_kv_cache(kv_cache)
+# %% ../../nbs/29_llava.ipynb #66720547
+@patch
+def embed_images(self: LlavaForConditionalGeneration, pixel_values: torch.Tensor) -> torch.Tensor:
+    "`[images, num_image_tokens, text hidden]`: the projected features that replace each image's placeholder tokens."
+    dt = self.multi_modal_projector.linear_1.weight.dtype
+    feats = self.vision_tower(pixel_values.to(dt), self.feature_layers)
+    if self.select_strategy == "default":
+        feats = feats[:, 1:]
+    return self.multi_modal_projector(feats.reshape(-1, feats.shape[-1])).view(feats.shape[0], feats.shape[1], -1)
 
-    def route(self, name: str):
-        "Where checkpoint tensor `name` (any of the three spellings below) loads: `(module, param_name, shard)`."
-        return CausalLM.route(self, llava_key(name))
+
+# %% ../../nbs/29_llava.ipynb #fe683dfb
+@patch
+def embed_input_ids(self: LlavaForConditionalGeneration, ids: torch.Tensor) -> torch.Tensor:
+    return self.language_model.model.embed_tokens(ids)
+
+
+# %% ../../nbs/29_llava.ipynb #35edc449
+@patch
+def bind_kv_cache(self: LlavaForConditionalGeneration, kv_cache):
+    self.language_model.bind_kv_cache(kv_cache)
+
+
+# %% ../../nbs/29_llava.ipynb #8e2d21c0
+@patch
+def route(self: LlavaForConditionalGeneration, name: str):
+    "Where checkpoint tensor `name` (any of the three spellings below) loads: `(module, param_name, shard)`."
+    return CausalLM.route(self, llava_key(name))
 
 
 # %% ../../nbs/29_llava.ipynb #e2ae7530
@@ -228,6 +258,7 @@ _LLAVA_PREFIXES = (
 )
 
 
+# %% ../../nbs/29_llava.ipynb #9d731cf5
 def llava_key(name: str) -> str:
     "Our module path for a LLaVA checkpoint tensor named in any of the three spellings."
     for old, new in _LLAVA_PREFIXES:
@@ -238,12 +269,15 @@ def llava_key(name: str) -> str:
 
 # %% ../../nbs/29_llava.ipynb #f7f42a10
 LLAVA_CHAT_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + ' ' }}{% else %}{{ m['role'].upper() + ': ' }}"
+    """{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + ' ' }}{% else %}{{ m['role'].upper() +
+    ': ' }}"""
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    "{% if p['type'] in ('image', 'image_url') %}{{ '<image>\n' }}{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}"
+    """{% if p['type'] in ('image', 'image_url') %}{{ '<image>\n' }}{% elif p['type'] == 'text' %}{{ p['text'] }}{%
+    endif %}"""
     "{% endfor %}{% endif %}{{ ' ' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
 
+# %% ../../nbs/29_llava.ipynb #11239b76
 LLAVA_SHAPES = {
     "tiny-llava": dict(
         text=dict(
@@ -271,35 +305,38 @@ LLAVA_SHAPES = {
             layer_norm_eps=1e-5,
         ),
     ),
-    "llava-1.5-7b": dict(
-        text=dict(
-            model_type="llama",
-            hidden_size=4096,
-            intermediate_size=11008,
-            num_hidden_layers=32,
-            num_attention_heads=32,
-            num_key_value_heads=32,
-            vocab_size=32064,
-            max_position_embeddings=4096,
-            rms_norm_eps=1e-5,
-            rope_theta=10000.0,
-        ),
-        vision=dict(
-            model_type="clip_vision_model",
-            hidden_size=1024,
-            intermediate_size=4096,
-            num_hidden_layers=24,
-            num_attention_heads=16,
-            image_size=336,
-            patch_size=14,
-            projection_dim=768,
-            hidden_act="quick_gelu",
-            layer_norm_eps=1e-5,
-        ),
-    ),
 }
 
+# %% ../../nbs/29_llava.ipynb #f5fd6a32
+LLAVA_SHAPES["llava-1.5-7b"] = dict(
+    text=dict(
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32064,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+    ),
+    vision=dict(
+        model_type="clip_vision_model",
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        image_size=336,
+        patch_size=14,
+        projection_dim=768,
+        hidden_act="quick_gelu",
+        layer_norm_eps=1e-5,
+    ),
+)
 
+
+# %% ../../nbs/29_llava.ipynb #a041c493
 def llava_config(like: str, image_token_id: int, **text_overrides):
     "A transformers `LlavaConfig` of one of `LLAVA_SHAPES`."
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
@@ -321,8 +358,10 @@ def llava_config(like: str, image_token_id: int, **text_overrides):
     )
 
 
+# %% ../../nbs/29_llava.ipynb #52311cd2
 def llava_processor(tokenizer, image_size: int, patch_size: int = 14):
-    "transformers' `LlavaProcessor` for a CLIP tower of `image_size` px (its PIL image backend), with the LLaVA-1.5 chat template."
+    """transformers' `LlavaProcessor` for a CLIP tower of `image_size` px (its PIL image backend), with the LLaVA-1.5
+    chat template."""
     from transformers import LlavaProcessor
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
@@ -338,73 +377,3 @@ def llava_processor(tokenizer, image_size: int, patch_size: int = 14):
         image_token="<image>",
         chat_template=LLAVA_CHAT_TEMPLATE,
     )
-
-
-# %% ../../nbs/29_llava.ipynb #166306e5
-def make_llava_checkpoint(like: str, out_dir, dtype=torch.float32, seed: int = 0, shard_bytes: int = 2 << 30) -> Path:
-    "A random LLaVA checkpoint of shape `like` in `out_dir`: config, weights, tokenizer, processor and chat template."
-    from safetensors.torch import save_file
-    from transformers import LlavaForConditionalGeneration as HFLlava
-    from transformers.utils import logging as hf_logging
-
-    from litellama.checkpoints import make_tokenizer
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = make_tokenizer()
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<image>"]})
-    image_id = tok.convert_tokens_to_ids("<image>")
-    config = llava_config(
-        like, image_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None
-    )
-    config.eos_token_id, config.pad_token_id = tok.eos_token_id, tok.pad_token_id
-    torch.manual_seed(seed)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        if like.startswith("tiny"):
-            hf = HFLlava(config).to(dtype).eval()
-            with torch.no_grad():
-                for n, p in hf.named_parameters():
-                    if "norm" in n or "bias" in n:
-                        p.add_(torch.randn_like(p) * 0.1)
-            hf.save_pretrained(out)
-        else:
-            with torch.device("meta"):
-                shapes = {n: p.shape for n, p in HFLlava(config).named_parameters()}
-            g, shards, shard, size = torch.Generator().manual_seed(seed), [], {}, 0
-            for name, shape in shapes.items():
-                if "norm" in name:
-                    t = 1 + 0.1 * torch.randn(shape, generator=g)
-                elif name.endswith("bias") or len(shape) == 1:
-                    t = 0.1 * torch.randn(shape, generator=g)
-                else:
-                    t = torch.randn(shape, generator=g) / math.sqrt(
-                        shape[-1] if len(shape) == 2 else math.prod(shape[1:])
-                    )
-                shard[name] = t.to(dtype)
-                size += t.numel() * t.element_size()
-                if size >= shard_bytes:
-                    shards.append(shard)
-                    shard, size = {}, 0
-            if shard:
-                shards.append(shard)
-            weight_map = {}
-            for i, sh in enumerate(shards):
-                fname = (
-                    "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                )
-                save_file(sh, str(out / fname), metadata={"format": "pt"})
-                weight_map.update({k: fname for k in sh})
-            if len(shards) > 1:
-                (out / "model.safetensors.index.json").write_text(
-                    json.dumps({"metadata": {}, "weight_map": weight_map})
-                )
-            config.dtype = str(dtype).removeprefix("torch.")
-            config.save_pretrained(out)
-        llava_processor(tok, config.vision_config.image_size, config.vision_config.patch_size).save_pretrained(out)
-        tok.chat_template = LLAVA_CHAT_TEMPLATE
-        tok.save_pretrained(out)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    return out

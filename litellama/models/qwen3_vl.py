@@ -1,4 +1,4 @@
-"""The vision encoder, and a Qwen3 decoder that reads three positions per token (interleaved M-RoPE) and takes vision features into its first layers' hidden states (DeepStack).
+"""Qwen3-VL: a Qwen3 decoder with interleaved M-RoPE and DeepStack vision features.
 
 Docs: https://litellama.github.io/litellama/nbs/qwen3_vl_2_model.html.md"""
 
@@ -17,25 +17,18 @@ __all__ = [
     "qwen3_vl_key",
     "qwen3_vl_config",
     "qwen3_vl_image_processor",
-    "qwen3_vl_tokenizer",
-    "random_weight",
-    "write_random_weights",
-    "make_qwen3_vl_checkpoint",
 ]
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #c4b61610
-import json
-import math
-from pathlib import Path
-
 import torch
 from torch import nn
 
 from ..attention import ModelInput
 from ..kernels.registry import ops
+from ..multimodal import ImageInput, MultiModalError, image_hash, repeat_placeholders
+from ..utils import patch
 from .decoder import CausalLM, Qwen3ForCausalLM
 from .qwen3_vl_vision import Qwen3VLVisionModel
-from ..multimodal import ImageInput, MultiModalError, image_hash
 
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #7708e9fe
@@ -46,10 +39,12 @@ def image_positions(start: int, grid, merge: int) -> torch.Tensor:
     return torch.stack([tt, hh, ww]).reshape(3, -1) + start
 
 
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #35460aea
 def mrope_positions(num_tokens: int, spans, grids, merge: int):
-    "`(positions [3, num_tokens], rope_delta)` of a prompt whose images sit at `spans` `[(offset, length)]` with patch grids `grids`."
+    """`(positions [3, num_tokens], rope_delta)` of a prompt whose images sit at `spans` `[(offset, length)]` with
+    patch grids `grids`."""
     rows, shift, prev = [], 0, 0
-    for (off, n), g in zip(spans, grids):
+    for (off, n), g in zip(spans, grids, strict=False):
         rows.append(torch.arange(prev, off).expand(3, -1) + shift)
         p = image_positions(off + shift, g, merge)
         if p.shape[1] != n:
@@ -63,7 +58,8 @@ def mrope_positions(num_tokens: int, spans, grids, merge: int):
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #5d5d15b9
 def expand_images(ids: list, image_token_id: int, sizes: list):
-    "`(ids with the i-th image placeholder repeated sizes[i] times, [(offset, length)] per image)`; already expanded runs are kept."
+    """`(ids with the i-th image placeholder repeated sizes[i] times, [(offset, length)] per image)`; already
+    expanded runs are kept."""
     pos = [i for i, t in enumerate(ids) if t == image_token_id]
     if sizes and len(pos) == sum(sizes) != len(sizes):  # already expanded: runs of each image's size
         spans, o = [], 0
@@ -72,17 +68,10 @@ def expand_images(ids: list, image_token_id: int, sizes: list):
             o += n
         if all(ids[a : a + n] == [image_token_id] * n for a, n in spans):
             return list(ids), spans
-    if len(pos) != len(sizes):
-        raise MultiModalError(f"the prompt has {len(pos)} image placeholder(s) but {len(sizes)} image(s) were given")
-    new, spans, prev = [], [], 0
-    for a, n in zip(pos, sizes):
-        new += ids[prev:a]
-        spans.append((len(new), n))
-        new += [image_token_id] * n
-        prev = a + 1
-    return new + ids[prev:], spans
+    return repeat_placeholders(ids, image_token_id, sizes)
 
 
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #658f8fc9
 def token_types(ids: list, image_token_id: int) -> list:
     "transformers' `mm_token_type_ids`: 1 for an image token, 0 for text."
     return [int(t == image_token_id) for t in ids]
@@ -90,7 +79,8 @@ def token_types(ids: list, image_token_id: int) -> list:
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #1d48c2ce
 class Qwen3VLForConditionalGeneration(nn.Module):
-    "Qwen3-VL: the vision encoder, a Qwen3 decoder with interleaved M-RoPE, DeepStack features added after its first layers."
+    """Qwen3-VL: the vision encoder, a Qwen3 decoder with interleaved M-RoPE, DeepStack features added after its
+    first layers."""
 
     packed_modules, ignored_suffixes = CausalLM.packed_modules, CausalLM.ignored_suffixes
     uses_mrope = True
@@ -112,67 +102,88 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         self.num_deepstack = len(vc.deepstack_visual_indexes)
         self.hidden = tc.hidden_size
 
-    def embed_images(self, pixel_values, grids) -> list:
-        "One `[tokens, hidden * (1 + deepstack layers)]` tensor per image: its merged features, then each DeepStack feature."
-        feats, ds = self.visual(pixel_values, grids)
-        both = torch.cat([feats, *ds], -1)
-        return list(both.split([t * h * w // self.merge**2 for t, h, w in grids]))
 
-    def process_images(self, image_processor, ids: list, images: list, max_model_len: int, device=None):
-        "`(ids with each image placeholder expanded to its t*h*w/4 tokens, ImageInput per image)`; features computed once."
-        if not images:
-            return expand_images(ids, self.image_token_id, [])
-        out = image_processor(images, return_tensors="pt")
-        grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
-        sizes = [t * h * w // self.merge**2 for t, h, w in grids]
-        new, spans = expand_images(ids, self.image_token_id, sizes)
-        if len(new) >= max_model_len:
-            raise MultiModalError(
-                f"the prompt with {len(images)} image(s) of {', '.join(map(str, sizes))} tokens has {len(new)} tokens; "
-                f"the model's context is {max_model_len} tokens"
-            )
-        if device is None:
-            device = next(self.parameters()).device
-        with torch.inference_mode():
-            feats = self.embed_images(out["pixel_values"].to(device), grids)
-        mm, shift = [], 0
-        for (off, n), g, im, f in zip(spans, grids, images, feats):
-            p = image_positions(off + shift, g, self.merge)
-            shift += max(g[1], g[2]) // self.merge - n
-            mm.append(ImageInput(off, n, image_hash(im), f, positions=p, rope_shift=shift))
-        return new, tuple(mm)
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #7b193710
+@patch
+def embed_images(self: Qwen3VLForConditionalGeneration, pixel_values, grids) -> list:
+    """One `[tokens, hidden * (1 + deepstack layers)]` tensor per image: its merged features, then each DeepStack
+    feature."""
+    feats, ds = self.visual(pixel_values, grids)
+    both = torch.cat([feats, *ds], -1)
+    return list(both.split([t * h * w // self.merge**2 for t, h, w in grids]))
 
-    def embed_input_ids(self, ids):
-        return self.language_model.model.embed_tokens(ids)
 
-    def bind_kv_cache(self, kv_cache):
-        self.language_model.bind_kv_cache(kv_cache)
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #52c3ead7
+@patch
+def process_images(
+    self: Qwen3VLForConditionalGeneration, image_processor, ids: list, images: list, max_model_len: int, device=None
+):
+    "`(ids with each image placeholder expanded to its t*h*w/4 tokens, ImageInput per image)`; features computed once."
+    if not images:
+        return expand_images(ids, self.image_token_id, [])
+    out = image_processor(images, return_tensors="pt")
+    grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
+    sizes = [t * h * w // self.merge**2 for t, h, w in grids]
+    new, spans = expand_images(ids, self.image_token_id, sizes)
+    if len(new) >= max_model_len:
+        raise MultiModalError(
+            f"the prompt with {len(images)} image(s) of {', '.join(map(str, sizes))} tokens has {len(new)} tokens; "
+            f"the model's context is {max_model_len} tokens"
+        )
+    if device is None:
+        device = next(self.parameters()).device
+    with torch.inference_mode():
+        feats = self.embed_images(out["pixel_values"].to(device), grids)
+    mm, shift = [], 0
+    for (off, n), g, im, f in zip(spans, grids, images, feats, strict=True):
+        p = image_positions(off + shift, g, self.merge)
+        shift += max(g[1], g[2]) // self.merge - n
+        mm.append(ImageInput(off, n, image_hash(im), f, positions=p, rope_shift=shift))
+    return new, tuple(mm)
 
-    def forward(self, mi: ModelInput) -> torch.Tensor:
-        lm = self.language_model.model
-        x, ds = mi.inputs_embeds, None
-        if x is None:
-            x = lm.embed_tokens(mi.input_ids)
-        elif x.shape[-1] > self.hidden:
-            x, ds = x[:, : self.hidden], x[:, self.hidden :].unflatten(-1, (self.num_deepstack, self.hidden))
-        rot, base = lm.rotary, lm.rotary.cos_sin_cache
-        pos = mi.positions
-        if pos.dim() == 2:  # three rows: each token's own cos|sin rows, read in order
-            rot.cos_sin_cache = ops.mrope_cos_sin(pos, base, self.mrope_section)
-            pos = torch.arange(pos.shape[1], device=pos.device)
-        try:
-            residual = None
-            for i, layer in enumerate(lm.layers):
-                x, residual = layer(pos, x, residual, mi.attn)
-                if ds is not None and i < self.num_deepstack:
-                    x = x + ds[:, i]
-        finally:
-            rot.cos_sin_cache = base
-        h = lm.norm(x, residual)[0]
-        return self.language_model.lm_head(h[mi.logits_indices])
 
-    def route(self, name: str):
-        return CausalLM.route(self, qwen3_vl_key(name))
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #951c6161
+@patch
+def embed_input_ids(self: Qwen3VLForConditionalGeneration, ids):
+    return self.language_model.model.embed_tokens(ids)
+
+
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #c1c6a9cb
+@patch
+def bind_kv_cache(self: Qwen3VLForConditionalGeneration, kv_cache):
+    self.language_model.bind_kv_cache(kv_cache)
+
+
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #60bb01c9
+@patch
+def forward(self: Qwen3VLForConditionalGeneration, mi: ModelInput) -> torch.Tensor:
+    lm = self.language_model.model
+    x, ds = mi.inputs_embeds, None
+    if x is None:
+        x = lm.embed_tokens(mi.input_ids)
+    elif x.shape[-1] > self.hidden:
+        x, ds = x[:, : self.hidden], x[:, self.hidden :].unflatten(-1, (self.num_deepstack, self.hidden))
+    rot, base = lm.rotary, lm.rotary.cos_sin_cache
+    pos = mi.positions
+    if pos.dim() == 2:  # three rows: each token's own cos|sin rows, read in order
+        rot.cos_sin_cache = ops.mrope_cos_sin(pos, base, self.mrope_section)
+        pos = torch.arange(pos.shape[1], device=pos.device)
+    try:
+        residual = None
+        for i, layer in enumerate(lm.layers):
+            x, residual = layer(pos, x, residual, mi.attn)
+            if ds is not None and i < self.num_deepstack:
+                x = x + ds[:, i]
+    finally:
+        rot.cos_sin_cache = base
+    h = lm.norm(x, residual)[0]
+    return self.language_model.lm_head(h[mi.logits_indices])
+
+
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #3cc8699a
+@patch
+def route(self: Qwen3VLForConditionalGeneration, name: str):
+    return CausalLM.route(self, qwen3_vl_key(name))
 
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #d7baeb37
@@ -194,6 +205,7 @@ _PREFIXES = (
 )
 
 
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #c668de27
 def qwen3_vl_key(name: str) -> str:
     for old, new in _PREFIXES:
         if name.startswith(old):
@@ -204,11 +216,13 @@ def qwen3_vl_key(name: str) -> str:
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #43d062f8
 QWEN3_VL_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['content'] is string %}{{ m['content'] }}"
-    "{% else %}{% for p in m['content'] %}{% if p['type'] in ('image', 'image_url') %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    """{% else %}{% for p in m['content'] %}{% if p['type'] in ('image', 'image_url') %}{{
+    '<|vision_start|><|image_pad|><|vision_end|>' }}"""
     "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #bbb1813f
 QWEN3_VL_SHAPES = {
     "tiny-qwen3-vl": dict(
         text=dict(
@@ -241,40 +255,43 @@ QWEN3_VL_SHAPES = {
         ),
         pixels=(32 * 32, 256 * 256),
     ),
-    "qwen3-vl-4b": dict(
-        text=dict(
-            hidden_size=2560,
-            intermediate_size=9728,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            vocab_size=151936,
-            max_position_embeddings=262144,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            rope_parameters=dict(
-                rope_type="default", rope_theta=5000000.0, mrope_section=[24, 20, 20], mrope_interleaved=True
-            ),
-        ),
-        vision=dict(
-            depth=24,
-            hidden_size=1024,
-            intermediate_size=4096,
-            num_heads=16,
-            patch_size=16,
-            temporal_patch_size=2,
-            spatial_merge_size=2,
-            out_hidden_size=2560,
-            num_position_embeddings=2304,
-            deepstack_visual_indexes=[5, 11, 17],
-            hidden_act="gelu_pytorch_tanh",
-        ),
-        pixels=(65536, 16777216),
-    ),
 }
 
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #5d055cb7
+QWEN3_VL_SHAPES["qwen3-vl-4b"] = dict(
+    text=dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=262144,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        rope_parameters=dict(
+            rope_type="default", rope_theta=5000000.0, mrope_section=[24, 20, 20], mrope_interleaved=True
+        ),
+    ),
+    vision=dict(
+        depth=24,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_heads=16,
+        patch_size=16,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        out_hidden_size=2560,
+        num_position_embeddings=2304,
+        deepstack_visual_indexes=[5, 11, 17],
+        hidden_act="gelu_pytorch_tanh",
+    ),
+    pixels=(65536, 16777216),
+)
 
+
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #7412960b
 def qwen3_vl_config(
     like: str, image_token_id: int, vision_start_token_id: int, vision_end_token_id: int, **text_overrides
 ):
@@ -297,8 +314,10 @@ def qwen3_vl_config(
     )
 
 
+# %% ../../nbs/30_qwen3_vl_2_model.ipynb #abba9402
 def qwen3_vl_image_processor(like: str):
-    "transformers' PIL image processor with Qwen3-VL's settings: 16-px patches, 2x2 merge (sizes multiples of 32), mean and std 0.5."
+    """transformers' PIL image processor with Qwen3-VL's settings: 16-px patches, 2x2 merge (sizes multiples of 32),
+    mean and std 0.5."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     lo, hi = QWEN3_VL_SHAPES[like]["pixels"]
@@ -310,83 +329,3 @@ def qwen3_vl_image_processor(like: str):
         image_std=[0.5] * 3,
         size={"shortest_edge": lo, "longest_edge": hi},
     )
-
-
-def qwen3_vl_tokenizer():
-    "The test tokenizer with Qwen3-VL's vision specials."
-    from litellama.checkpoints import make_tokenizer
-
-    tok = make_tokenizer()
-    tok.add_special_tokens(
-        {"additional_special_tokens": ["<|im_start|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]}
-    )
-    tok.chat_template = QWEN3_VL_CHAT_TEMPLATE
-    return tok
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #1969a084
-def random_weight(name: str, shape, generator) -> torch.Tensor:
-    "A random tensor for checkpoint tensor `name`: norms near 1, biases small, matrices scaled by their fan-in."
-    if "norm" in name:
-        return 1 + 0.1 * torch.randn(shape, generator=generator)
-    if name.endswith("bias") or len(shape) == 1:
-        return 0.1 * torch.randn(shape, generator=generator)
-    return torch.randn(shape, generator=generator) / math.sqrt(math.prod(shape[1:]))
-
-
-def write_random_weights(shapes: dict, out: Path, dtype, seed: int, shard_bytes: int):
-    "Random tensors of `shapes` `{name: shape}` as safetensors shards in `out` (with an index when there are several)."
-    from safetensors.torch import save_file
-
-    g, shards, shard, size = torch.Generator().manual_seed(seed), [], {}, 0
-    for name, shape in shapes.items():
-        shard[name] = t = random_weight(name, shape, g).to(dtype)
-        size += t.numel() * t.element_size()
-        if size >= shard_bytes:
-            shards.append(shard)
-            shard, size = {}, 0
-    if shard:
-        shards.append(shard)
-    weight_map = {}
-    for i, sh in enumerate(shards):
-        fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(sh, str(out / fname), metadata={"format": "pt"})
-        weight_map.update({k: fname for k in sh})
-    if len(shards) > 1:
-        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-
-
-def make_qwen3_vl_checkpoint(
-    like: str, out_dir, dtype=torch.float32, seed: int = 0, shard_bytes: int = 2 << 30
-) -> Path:
-    "A random Qwen3-VL checkpoint of shape `like` in `out_dir`: config, weights, tokenizer with chat template, image processor."
-    from transformers import Qwen3VLForConditionalGeneration as HF
-    from transformers.utils import logging as hf_logging
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = qwen3_vl_tokenizer()
-    ids = tok.convert_tokens_to_ids(["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"])
-    config = qwen3_vl_config(like, *ids, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(seed)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        if like.startswith("tiny"):
-            hf = HF(config).to(dtype).eval()
-            g = torch.Generator().manual_seed(seed)
-            with torch.no_grad():  # weights of a trained model's scale: outputs that tell models apart
-                for n, p in hf.named_parameters():
-                    p.copy_(random_weight(n, p.shape, g))
-            hf.save_pretrained(out)
-        else:
-            with torch.device("meta"):
-                shapes = {n: p.shape for n, p in HF(config).named_parameters()}
-            write_random_weights(shapes, out, dtype, seed, shard_bytes)
-            config.dtype = str(dtype).removeprefix("torch.")
-            config.save_pretrained(out)
-        qwen3_vl_image_processor(like).save_pretrained(out)
-        tok.save_pretrained(out)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    return out
