@@ -319,12 +319,15 @@ def benchmark(device="cuda", shapes=SHAPES, ms=(1, 4, 16), dtypes=(torch.bfloat1
 
 
 # %% ../../kernels_nb/10_linear.ipynb #693e7e47
-CONFIGS = [
+CONFIGS = [  # the elementwise and broadcast forms
     dict(USE_DOT=False, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=2)
     for bn in (4, 8, 16, 32)
     for bk in (256, 512, 1024)
     for nw in (4, 8)
-] + [
+]
+
+# %% ../../kernels_nb/10_linear.ipynb #7a2a0b4c
+CONFIGS += [  # the tensor-core form
     dict(USE_DOT=True, BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=ns)
     for bn in (16, 32, 64)
     for bk in (128, 256, 512)
