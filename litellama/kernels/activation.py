@@ -17,18 +17,18 @@ from . import autotune, reference
 
 # %% ../../kernels_nb/04_activation.ipynb #22d9a73f
 @triton.jit(do_not_specialize=["n_rows"])
-def _silu_and_mul_kernel(x_ptr, out_ptr, n_rows, s_x, I: tl.constexpr, BLOCK_I: tl.constexpr, ROWS: tl.constexpr):
-    "`out[r, c] = silu(x[r, c]) * x[r, I + c]` on a `ROWS × BLOCK_I` tile."
+def _silu_and_mul_kernel(x_ptr, out_ptr, n_rows, s_x, INTER: tl.constexpr, BLOCK_I: tl.constexpr, ROWS: tl.constexpr):
+    "`out[r, c] = silu(x[r, c]) * x[r, INTER + c]` on a `ROWS × BLOCK_I` tile."
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    mask = (rows < n_rows)[:, None] & (cols < I)[None, :]
+    mask = (rows < n_rows)[:, None] & (cols < INTER)[None, :]
     rows = rows.to(tl.int64)  # offsets of huge tensors overflow int32
     gate_ptr = x_ptr + (rows * s_x)[:, None] + cols[None, :]
     g = tl.load(gate_ptr, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(gate_ptr + I, mask=mask, other=0.0)
+    up = tl.load(gate_ptr + INTER, mask=mask, other=0.0)
     act = (g / (1.0 + tl.exp(-g))).to(up.dtype)  # silu rounds to the input dtype, as F.silu does
     tl.store(
-        out_ptr + (rows * I)[:, None] + cols[None, :],
+        out_ptr + (rows * INTER)[:, None] + cols[None, :],
         (act.to(tl.float32) * up.to(tl.float32)).to(out_ptr.dtype.element_ty),
         mask=mask,
     )
@@ -38,6 +38,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, n_rows, s_x, I: tl.constexpr, BLOCK_I: 
 DEFAULTS = {"tile": 4096, "max_block": 1024, "min_programs": 264, "num_warps": 4}
 
 
+# %% ../../kernels_nb/04_activation.ipynb #b9426a7e
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Tile of rows × columns and warps, for `n_rows` rows of `n_cols` outputs."
     block = min(DEFAULTS["max_block"], triton.next_power_of_2(n_cols))
@@ -53,44 +54,44 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     "`silu(gate) * up` where `x` `[T, 2I]` holds `[gate | up]`; returns `[T, I]`."
     assert x.shape[-1] % 2 == 0, f"last dim {x.shape[-1]} is not [gate | up]"
-    I = x.shape[-1] // 2
-    out = torch.empty(*x.shape[:-1], I, dtype=x.dtype, device=x.device)
+    inter = x.shape[-1] // 2
+    out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    x2 = x.reshape(-1, 2 * I) if x.dim() != 2 else x
+    x2 = x.reshape(-1, 2 * inter) if x.dim() != 2 else x
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    cfg = _config(I, x2.shape[0])
-    grid = (triton.cdiv(x2.shape[0], cfg["ROWS"]), triton.cdiv(I, cfg["BLOCK_I"]))
-    _silu_and_mul_kernel[grid](x2, out, x2.shape[0], x2.stride(0), I=I, **cfg)
+    cfg = _config(inter, x2.shape[0])
+    grid = (triton.cdiv(x2.shape[0], cfg["ROWS"]), triton.cdiv(inter, cfg["BLOCK_I"]))
+    _silu_and_mul_kernel[grid](x2, out, x2.shape[0], x2.stride(0), INTER=inter, **cfg)
     return out
 
 
 # %% ../../kernels_nb/04_activation.ipynb #dff0f06b
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
+
+
 INTERMEDIATE = (3072, 8192, 14336)  # Qwen3-0.6B, Llama-3.2-1B, Llama-3-8B
 
 
+# %% ../../kernels_nb/04_activation.ipynb #52f993f2
+def _row(backend: str, T: int, inter: int, dtype: torch.dtype, ms: float) -> dict:
+    "One result row; bytes counted once: `T × 2I` read, `T × I` written."
+    gbps = 3 * T * inter * (torch.finfo(dtype).bits // 8) / ms / 1e6
+    dt = str(dtype).replace("torch.", "")
+    return dict(op="silu_and_mul", backend=backend, shape=f"{T}x{inter}", dtype=dt, ms=ms, gbps=gbps)
+
+
+# %% ../../kernels_nb/04_activation.ipynb #1c1d7070
 def benchmark(
     device="cuda", tokens=TOKENS, intermediate=INTERMEDIATE, dtypes=(torch.bfloat16,), timer=None
 ) -> list[dict]:
     "Time `silu_and_mul` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
     timer, rows = timer or autotune.median_ms, []
     for dtype in dtypes:
-        e = torch.finfo(dtype).bits // 8
-        for I in intermediate:
+        for inter in intermediate:
             for T in tokens:
-                x = torch.randn(T, 2 * I, device=device, dtype=dtype)
+                x = torch.randn(T, 2 * inter, device=device, dtype=dtype)
                 for backend, fn in (("triton", silu_and_mul), ("torch", reference.silu_and_mul)):
-                    ms = timer(lambda: fn(x))
-                    rows.append(
-                        dict(
-                            op="silu_and_mul",
-                            backend=backend,
-                            shape=f"{T}x{I}",
-                            dtype=str(dtype).replace("torch.", ""),
-                            ms=ms,
-                            gbps=3 * T * I * e / ms / 1e6,
-                        )
-                    )
+                    rows.append(_row(backend, T, inter, dtype, timer(lambda: fn(x))))
     return rows

@@ -18,7 +18,8 @@ from . import autotune, reference
 # %% ../../kernels_nb/11_gumbel.ipynb #403b65f4
 @triton.jit
 def _mix32(h):
-    "murmur3's 32-bit finaliser, as `reference._mix32`, on uint32 values: the multiplications wrap modulo 2**32 by themselves."
+    """murmur3's 32-bit finaliser, as `reference._mix32`, on uint32 values:
+    the multiplications wrap modulo 2**32 by themselves."""
     h = h ^ (h >> 16)
     h = h * 0x85EBCA6B
     h = h ^ (h >> 13)
@@ -26,6 +27,7 @@ def _mix32(h):
     return h ^ (h >> 16)
 
 
+# %% ../../kernels_nb/11_gumbel.ipynb #7dc29a58
 @triton.jit(do_not_specialize=["V", "cols_per_split", "temp_ptr", "seeds_ptr", "steps_ptr"])
 def _gumbel_argmax_kernel(
     logits_ptr, s_row, temp_ptr, seeds_ptr, steps_ptr, best_v_ptr, best_i_ptr, V, cols_per_split, BLOCK: tl.constexpr
@@ -61,16 +63,19 @@ def _gumbel_argmax_kernel(
 DEFAULTS = {"BLOCK": 1024, "min_cols": 8192, "programs_per_sm": 16, "num_warps": 8}
 
 
+# %% ../../kernels_nb/11_gumbel.ipynb #5231f72c
 def _splits(rows: int, vocab: int, num_sms: int) -> int:
     "Pieces each row's vocabulary is cut into: enough programs to fill the GPU, none under `min_cols` columns."
     want = -(-DEFAULTS["programs_per_sm"] * num_sms // max(rows, 1))
     return max(1, min(want, vocab // DEFAULTS["min_cols"]))
 
 
+# %% ../../kernels_nb/11_gumbel.ipynb #11f3abfd
 def gumbel_argmax(
     logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
 ) -> torch.Tensor:
-    "Per row of `logits` `[S, V]`, `argmax(logits / T - log(-log(u)))` with `u = uniform_noise(seeds, steps)`; see `reference.gumbel_argmax`."
+    """Per row of `logits` `[S, V]`, `argmax(logits / T - log(-log(u)))` with `u = uniform_noise(seeds, steps)`;
+    see `reference.gumbel_argmax`."""
     S, V = logits.shape
     assert temperature.shape == seeds.shape == steps.shape == (S,), (
         "temperature, seeds and steps need one value per row"
@@ -99,6 +104,13 @@ def gumbel_argmax(
     return best_i[:, 0] if splits == 1 else best_i.gather(1, best_v.argmax(1, keepdim=True))[:, 0]
 
 
+# %% ../../kernels_nb/11_gumbel.ipynb #4329698f
+def _row(backend: str, S: int, vocab: int, ms: float) -> dict:
+    "One result row; the bytes counted are the float32 logits, read once."
+    gbps = S * vocab * 4 / ms / 1e6
+    return dict(op="gumbel_argmax", backend=backend, shape=f"{S}x{vocab}", dtype="float32", ms=ms, gbps=gbps)
+
+
 # %% ../../kernels_nb/11_gumbel.ipynb #ab1e752d
 def benchmark(device="cuda", rows=(1, 16, 64, 256), vocab=151936, timer=None) -> list[dict]:
     "Time `gumbel_argmax` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
@@ -111,15 +123,5 @@ def benchmark(device="cuda", rows=(1, 16, 64, 256), vocab=151936, timer=None) ->
             torch.zeros(S, dtype=torch.int64, device=device),
         )
         for backend, fn in (("triton", gumbel_argmax), ("torch", reference.gumbel_argmax)):
-            ms = timer(lambda: fn(logits, *args))
-            out.append(
-                dict(
-                    op="gumbel_argmax",
-                    backend=backend,
-                    shape=f"{S}x{vocab}",
-                    dtype="float32",
-                    ms=ms,
-                    gbps=S * vocab * 4 / ms / 1e6,
-                )
-            )
+            out.append(_row(backend, S, vocab, timer(lambda: fn(logits, *args))))
     return out

@@ -1,4 +1,4 @@
-"""`skinny_linear` computes `x @ weight.T (+ bias)` for a handful of tokens by streaming the weight once at close to the GPU's copy bandwidth.
+"""`skinny_linear`: `x @ weight.T (+ bias)` for a few tokens, streaming the weight once at near copy bandwidth.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/linear.html.md"""
 
@@ -28,17 +28,13 @@ from . import autotune
 
 # %% ../../kernels_nb/10_linear.ipynb #2e4a7ec0
 SHAPES = (
-    (4096, 1024),
-    (1024, 2048),
-    (6144, 1024),
-    (1024, 3072),  # Qwen3-0.6B qkv, o, gate_up, down
-    (3072, 2048),
-    (2048, 2048),
-    (16384, 2048),
-    (2048, 8192),  # Llama-3.2-1B qkv, o, gate_up, down
-    (151936, 1024),
-)  # Qwen3-0.6B lm_head
-MAX_M = 32  # most token rows one call takes: decode batches; prefill goes to the general matrix multiply
+    *((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)),  # Qwen3-0.6B qkv, o, gate_up, down
+    *((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)),  # Llama-3.2-1B qkv, o, gate_up, down
+    (151936, 1024),  # Qwen3-0.6B lm_head
+)
+
+# %% ../../kernels_nb/10_linear.ipynb #cbc85e26
+MAX_M = 32  # most token rows one call takes
 
 
 # %% ../../kernels_nb/10_linear.ipynb #a810e55e
@@ -61,7 +57,8 @@ def _skinny_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    "`out[m, n] = sum_k x[m, k] w[n, k]` over one K slice; with `PARTIAL`, the float32 sum of slice `s` goes to `out[s]`."
+    """`out[m, n] = sum_k x[m, k] w[n, k]` over one K slice; with `PARTIAL`, the float32 sum of slice `s` goes to
+    `out[s]`."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, M_PAD)
@@ -147,6 +144,7 @@ DEFAULTS = {
 }
 
 
+# %% ../../kernels_nb/10_linear.ipynb #3c824661
 def _split_k(N: int, K: int, block_n: int, d: dict, num_sms: int) -> int:
     "Slices of the input features: enough programs to fill the GPU, no slice shorter than `min_split`."
     blocks, want = triton.cdiv(N, block_n), d["programs_per_sm"] * num_sms
@@ -155,6 +153,7 @@ def _split_k(N: int, K: int, block_n: int, d: dict, num_sms: int) -> int:
     return max(1, min(triton.cdiv(want, blocks), K // d["min_split"], d["max_split"]))
 
 
+# %% ../../kernels_nb/10_linear.ipynb #8fa5c99b
 def _rule(M: int, N: int, K: int, device_type: str = "cuda", num_sms: int = 132) -> dict:
     "The built-in launch parameters for `M` rows of `x [M, K]` times `weight [N, K]`."
     d = DEFAULTS["cuda" if device_type == "cuda" else "interpret"]
@@ -177,8 +176,10 @@ def _rule(M: int, N: int, K: int, device_type: str = "cuda", num_sms: int = 132)
     )
 
 
+# %% ../../kernels_nb/10_linear.ipynb #d55b100a
 def _config(M: int, N: int, K: int, dtype: torch.dtype, device_type: str = "cuda", num_sms: int = 132) -> dict:
-    "Launch parameters for one call: the rule, or this GPU's tuned entry (`08_autotune.ipynb`) for its dtype, N, K and M bucket."
+    """Launch parameters for one call: the rule, or this GPU's tuned entry (`08_autotune.ipynb`) for its dtype, N,
+    K and M bucket."""
     key = (str(dtype).replace("torch.", ""), N, K, autotune.shape_bucket(M))
     rule = _rule(M, N, K, device_type, num_sms)
     if device_type == "cuda" and M == 1:
@@ -195,15 +196,15 @@ SHAPE_RULES = {
 
 # %% ../../kernels_nb/10_linear.ipynb #ae90cdd7
 def _plan(K: int, cfg: dict) -> tuple[int, int]:
-    "Input features per slice (whole `BLOCK_K` tiles, so only the last tile of `K` is partial) and the number of slices."
+    """Input features per slice (whole `BLOCK_K` tiles, so only the last tile of `K` is partial) and the number of
+    slices."""
     kps = max(cfg["BLOCK_K"], triton.cdiv(triton.cdiv(K, cfg["SPLIT_K"]), cfg["BLOCK_K"]) * cfg["BLOCK_K"])
     return kps, max(1, triton.cdiv(K, kps))
 
 
-def skinny_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None
-) -> torch.Tensor:
-    "`x [M, K] @ weight[N, K].T (+ bias[N])` for `M <= MAX_M` rows, accumulated in float32; `config` overrides launch parameters."
+# %% ../../kernels_nb/10_linear.ipynb #8a1eadd5
+def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    "A one-line reason for each input `skinny_linear` refuses."
     assert x.dim() == 2 and weight.dim() == 2, (
         f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}"
     )
@@ -219,13 +220,12 @@ def skinny_linear(
         assert bias.shape == (N,) and bias.dtype == x.dtype and bias.device == x.device, (
             f"bias must be [{N}] {x.dtype} on {x.device}, got {tuple(bias.shape)} {bias.dtype} on {bias.device}"
         )
-        bias = bias.contiguous()
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if M == 0 or N == 0:
-        return out
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    cfg = {**_config(M, N, K, x.dtype, x.device.type, autotune.num_sms(x.device)), **(config or {})}
+
+
+# %% ../../kernels_nb/10_linear.ipynb #ff3b84dd
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict) -> None:
+    "`out = x @ weight.T (+ bias)` by the skinny kernel with launch parameters `cfg`."
+    (M, K), N = x.shape, weight.shape[0]
     kps, splits = _plan(K, cfg)
     m_pad = max(triton.next_power_of_2(M), 16 if cfg["USE_DOT"] else 1)
     part = out if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
@@ -254,6 +254,27 @@ def skinny_linear(
         _split_sum_kernel[(triton.cdiv(M * N, 1024),)](
             part, b, out, M * N, N, splits, HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4
         )
+
+
+# %% ../../kernels_nb/10_linear.ipynb #19e54b21
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None
+) -> torch.Tensor:
+    """`x [M, K] @ weight[N, K].T (+ bias[N])` for `M <= MAX_M` rows, accumulated in float32; `config` overrides
+    launch parameters."""
+    _check_args(x, weight, bias)
+    M, K = x.shape
+    N = weight.shape[0]
+    if bias is not None:
+        bias = bias.contiguous()
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    _launch(
+        x, weight, bias, out, {**_config(M, N, K, x.dtype, x.device.type, autotune.num_sms(x.device)), **(config or {})}
+    )
     return out
 
 
@@ -261,6 +282,7 @@ def skinny_linear(
 SKINNY_MAX_WEIGHT = 1 << 24  # elements: layer projections, not an LM head
 
 
+# %% ../../kernels_nb/10_linear.ipynb #93e6baab
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     "`x @ weight.T (+ bias)`: `skinny_linear` for a single row and a layer-sized weight, `F.linear` otherwise."
     if (
@@ -274,38 +296,38 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+# %% ../../kernels_nb/10_linear.ipynb #deb572f0
+def _row(backend: str, M: int, N: int, K: int, dtype: torch.dtype, ms: float, **extra) -> dict:
+    "A result row: op, backend, shape `MxNxK`, dtype, ms, GB/s (weight, `x` and output counted once), `extra`."
+    gbps = (N * K + M * K + M * N) * (torch.finfo(dtype).bits // 8) / ms / 1e6
+    dt = str(dtype).replace("torch.", "")
+    return dict(op="linear", backend=backend, shape=f"{M}x{N}x{K}", dtype=dt, ms=ms, gbps=gbps, **extra)
+
+
 # %% ../../kernels_nb/10_linear.ipynb #b75643c8
 def benchmark(device="cuda", shapes=SHAPES, ms=(1, 4, 16), dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     "Time `skinny_linear` against `F.linear`; rows of op, backend, shape (`MxNxK`), dtype, ms, GB/s."
     timer, rows = timer or autotune.median_ms, []
     for dtype in dtypes:
-        e = torch.finfo(dtype).bits // 8
         for N, K in shapes:
             w = torch.randn(N, K, device=device, dtype=dtype)
             for M in ms:
                 x = torch.randn(M, K, device=device, dtype=dtype)
                 for backend, fn in (("triton", skinny_linear), ("torch", F.linear)):
-                    t = timer(lambda: fn(x, w))
-                    rows.append(
-                        dict(
-                            op="linear",
-                            backend=backend,
-                            shape=f"{M}x{N}x{K}",
-                            dtype=str(dtype).replace("torch.", ""),
-                            ms=t,
-                            gbps=(N * K + M * K + M * N) * e / t / 1e6,
-                        )
-                    )
+                    rows.append(_row(backend, M, N, K, dtype, timer(lambda: fn(x, w))))
     return rows
 
 
 # %% ../../kernels_nb/10_linear.ipynb #693e7e47
-CONFIGS = [
+CONFIGS = [  # the elementwise and broadcast forms
     dict(USE_DOT=False, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=2)
     for bn in (4, 8, 16, 32)
     for bk in (256, 512, 1024)
     for nw in (4, 8)
-] + [
+]
+
+# %% ../../kernels_nb/10_linear.ipynb #7a2a0b4c
+CONFIGS += [  # the tensor-core form
     dict(USE_DOT=True, BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=ns)
     for bn in (16, 32, 64)
     for bk in (128, 256, 512)
@@ -313,48 +335,50 @@ CONFIGS = [
 ]
 
 
+# %% ../../kernels_nb/10_linear.ipynb #7f4f19d3
+def _variants(M: int, N: int, K: int, rule: dict, configs: list | None, d: dict, num_sms: int) -> list:
+    """`(backend, config)` pairs to time: the rule, the candidates merged over it, `F.linear`, and `torch.mv` for
+    one row."""
+    variants = [("triton", rule)]
+    for c in CONFIGS if configs is None else configs:
+        cfg = {**rule, **c}
+        if "SPLIT_K" not in c:
+            cfg["SPLIT_K"] = _split_k(N, K, cfg["BLOCK_N"], d, num_sms)
+        if cfg["USE_DOT"] or triton.next_power_of_2(M) * cfg["BLOCK_N"] * cfg["BLOCK_K"] <= 4 * d["tile"]:
+            variants.append(("triton", cfg))
+    return variants + [("torch", None)] + ([("mv", None)] if M == 1 else [])
+
+
+# %% ../../kernels_nb/10_linear.ipynb #710f6b50
+def _timed(fn, ref: torch.Tensor, timer) -> tuple[bool, float]:
+    "`(ok, ms)`: whether `fn()` is close to `ref`, and its time; `(False, nan)` if it fails to compile or launch."
+    try:
+        ok = torch.allclose(fn().float(), ref, rtol=2e-2, atol=2e-2)
+        return ok, timer(fn)
+    except Exception:
+        return False, float("nan")
+
+
+# %% ../../kernels_nb/10_linear.ipynb #840744a3
 def sweep(
     device="cuda", shapes=SHAPES, ms=(1, 2, 4, 8, 16), configs=None, dtype=torch.bfloat16, timer=None
 ) -> list[dict]:
-    "Time the rule, each of `configs` (default `CONFIGS`), `F.linear` and `torch.mv`; rows as `benchmark`'s plus config and ok."
+    """Time the rule, each of `configs` (default `CONFIGS`), `F.linear` and `torch.mv`; rows as `benchmark`'s plus
+    config and ok."""
     timer = timer or autotune.graph_ms
-    dev, e, rows = torch.device(device), torch.finfo(dtype).bits // 8, []
-    d = DEFAULTS["cuda" if dev.type == "cuda" else "interpret"]
+    dev, rows = torch.device(device), []
+    d, sms = DEFAULTS["cuda" if dev.type == "cuda" else "interpret"], autotune.num_sms(dev)
     for N, K in shapes:
         w = torch.randn(N, K, device=device, dtype=dtype) / K**0.5
         for M in ms:
             x = torch.randn(M, K, device=device, dtype=dtype)
             ref = F.linear(x, w).float()
-            rule = _config(M, N, K, dtype, dev.type, autotune.num_sms(dev))
-            variants = [("triton", rule)]
-            for c in CONFIGS if configs is None else configs:
-                cfg = {**rule, **c}
-                if "SPLIT_K" not in c:
-                    cfg["SPLIT_K"] = _split_k(N, K, cfg["BLOCK_N"], d, autotune.num_sms(dev))
-                if cfg["USE_DOT"] or triton.next_power_of_2(M) * cfg["BLOCK_N"] * cfg["BLOCK_K"] <= 4 * d["tile"]:
-                    variants.append(("triton", cfg))
-            variants += [("torch", None)] + ([("mv", None)] if M == 1 else [])
-            for backend, cfg in variants:
+            for backend, cfg in _variants(M, N, K, _config(M, N, K, dtype, dev.type, sms), configs, d, sms):
                 fn = {
                     "triton": lambda: skinny_linear(x, w, None, cfg),
                     "torch": lambda: F.linear(x, w),
                     "mv": lambda: torch.mv(w, x[0])[None],
                 }[backend]
-                try:
-                    ok = torch.allclose(fn().float(), ref, rtol=2e-2, atol=2e-2)
-                    t = timer(fn)
-                except Exception:
-                    ok, t = False, float("nan")
-                rows.append(
-                    dict(
-                        op="linear",
-                        backend=backend,
-                        shape=f"{M}x{N}x{K}",
-                        dtype=str(dtype).replace("torch.", ""),
-                        ms=t,
-                        gbps=(N * K + M * K + M * N) * e / t / 1e6,
-                        config=cfg,
-                        ok=ok,
-                    )
-                )
+                ok, t = _timed(fn, ref, timer)
+                rows.append(_row(backend, M, N, K, dtype, t, config=cfg, ok=ok))
     return rows

@@ -1,4 +1,4 @@
-"""Triton GEMMs for 8-bit weights (int8 or fp8-e4m3, per-channel or block scales) with 16-bit or 8-bit activations, the per-token activation quantizer that feeds them, and a PyTorch reference for each.
+"""Triton GEMMs for int8 and fp8 weights with 16- or 8-bit activations, and the per-token quantizer that feeds them.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/quant_gemm.html.md"""
 
@@ -32,8 +32,11 @@ __all__ = [
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #ee873458
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from .linear import _split_sum_kernel
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #9d0a13a5
@@ -48,12 +51,14 @@ def _widen_e4m3(b):
     return tl.where((e == 15) & (m == 7), float("nan"), val)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #da48c072
 @triton.jit
 def _widen_kernel(b_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, _widen_e4m3(tl.load(b_ptr + offs, mask=offs < n, other=0)), mask=offs < n)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #4195844f
 def e4m3_to_float(t: torch.Tensor) -> torch.Tensor:
     "float32 values of a `float8_e4m3fn` (or uint8 code) tensor, widened by `_widen_e4m3`."
     b = t.contiguous().view(torch.uint8)
@@ -77,12 +82,14 @@ def _encode_e4m3(v):
     return (code | (sign << 7)).to(tl.uint8)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #93d09b6e
 @triton.jit
 def _encode_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, _encode_e4m3(tl.load(x_ptr + offs, mask=offs < n, other=0.0)), mask=offs < n)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #fd56a7e3
 def float_to_e4m3(x: torch.Tensor) -> torch.Tensor:
     "`x` (float32) rounded to `float8_e4m3fn` by `_encode_e4m3`, saturating at ±448."
     x = x.float().contiguous()
@@ -95,6 +102,7 @@ def float_to_e4m3(x: torch.Tensor) -> torch.Tensor:
 QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #a2d91c8e
 def per_token_quant_ref(x: torch.Tensor, dtype=torch.int8, group_size: int | None = None):
     "`(codes [M, K] of dtype, scales [M] or [M, ceil(K/group_size)] float32)`: round-to-nearest symmetric quantization."
     if dtype not in QMAX:
@@ -144,6 +152,7 @@ def _quant_kernel(
         tl.store(q_row + r, code, mask=r < k_hi)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #b2117d67
 def per_token_quant(x: torch.Tensor, dtype=torch.int8, group_size: int | None = None):
     "`(codes, scales)` as `per_token_quant_ref`, by a Triton kernel: one program per row (and group)."
     if dtype not in QMAX:
@@ -175,11 +184,13 @@ def _check_block(block_size, N, K, scale):
     bn, bk = block_size
     if tuple(scale.shape) != (triton.cdiv(N, bn), triton.cdiv(K, bk)):
         raise ValueError(
-            f"block scale must be [{triton.cdiv(N, bn)}, {triton.cdiv(K, bk)}] for a [{N}, {K}] weight in {bn}x{bk} blocks, got {tuple(scale.shape)}"
+            f"block scale must be [{triton.cdiv(N, bn)}, {triton.cdiv(K, bk)}] for a [{N}, {K}] weight "
+            f"in {bn}x{bk} blocks, got {tuple(scale.shape)}"
         )
     return bn, bk
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #a7a39e02
 def dequantize_weight(qweight: torch.Tensor, scale: torch.Tensor, block_size=None, dtype=torch.float32) -> torch.Tensor:
     "`qweight · scale` in `dtype`: per output channel (`scale [N]` or `[N, 1]`), or per `block_size = (bn, bk)` block."
     N, K = qweight.shape
@@ -191,12 +202,42 @@ def dequantize_weight(qweight: torch.Tensor, scale: torch.Tensor, block_size=Non
     return (w * s).to(dtype)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #c1762d08
 def w8a16_gemm_ref(x, qweight, scale, bias=None, block_size=None):
     "`x @ dequantize_weight(qweight, scale, block_size).T (+ bias)` in float32, returned in `x.dtype`."
     y = x.float() @ dequantize_weight(qweight, scale, block_size).T
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #214cf366
+@triton.jit
+def _store_tile(
+    out_ptr, b_ptr, res, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr
+):
+    "Store the `[rows, columns]` tile `res`: to plane `pid_k` in float32 with `PARTIAL`, else plus the bias, rounded."
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[:, None] * N + rn[None, :], res, mask=out_mask)
+    else:
+        if HAS_BIAS:
+            res += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], res.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #c2d50e37
+@triton.jit
+def _widen_tile(wb, x, FP8: tl.constexpr, NATIVE: tl.constexpr):
+    "A tile of weight bytes `wb` (int8, or fp8 as uint8) in `x`'s dtype."
+    if FP8:
+        if NATIVE:
+            w = wb.to(tl.float8e4nv, bitcast=True).to(x.dtype)  # fp8 arrives as uint8 bytes
+        else:
+            w = _widen_e4m3(wb).to(x.dtype)
+    else:
+        w = wb.to(x.dtype)
+    return w
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #84506b6a
@@ -225,7 +266,8 @@ def _w8a16_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    "Program `(m, n, s)`: `x[m-tile] @ dequant(w[n-tile]).T` over the `s`-th slice of K; float32 partials with `PARTIAL`."
+    """Program `(m, n, s)`: `x[m-tile] @ dequant(w[n-tile]).T` over the `s`-th slice of K; float32 partials with
+    `PARTIAL`."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -240,13 +282,7 @@ def _w8a16_kernel(
         k_mask = (k0 + rk) < k_hi
         x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         wb = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        if FP8:
-            if NATIVE:
-                w = wb.to(tl.float8e4nv, bitcast=True).to(x.dtype)  # fp8 arrives as uint8 bytes
-            else:
-                w = _widen_e4m3(wb).to(x.dtype)
-        else:
-            w = wb.to(x.dtype)
+        w = _widen_tile(wb, x, FP8, NATIVE)
         if USE_DOT:
             if IEEE:
                 part = tl.dot(x, w, input_precision="ieee")
@@ -263,21 +299,143 @@ def _w8a16_kernel(
         w_ptrs += BLOCK_K
     if not BLOCKWISE:
         acc = acc * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[None, :]
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    if PARTIAL:
-        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[:, None] * N + rn[None, :], acc, mask=out_mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _store_tile(out_ptr, b_ptr, acc, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #ad22960d
 @triton.jit
 def _widen_int8(b):
-    "Exact float32 values of int8 codes `b` without an int-to-float conversion: `2**23 + 128 + b` as bits, minus `2**23 + 128`."
+    """Exact float32 values of int8 codes `b` without an int-to-float conversion: `2**23 + 128 + b` as bits, minus
+    `2**23 + 128`."""
     return (b.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #076a0fa7
+@triton.jit
+def _widen_step(
+    wb, x, FP8: tl.constexpr, NATIVE: tl.constexpr, USE_DOT: tl.constexpr, BLOCKWISE: tl.constexpr, MAGIC: tl.constexpr
+):
+    "A step's weight bytes as floats: float32, or `x`'s dtype for fp8 into a per-channel dot (one conversion)."
+    if FP8 and not NATIVE:
+        w = _widen_e4m3(wb)
+    elif FP8 and USE_DOT and not BLOCKWISE:
+        w = wb.to(tl.float8e4nv, bitcast=True).to(x.dtype)  # one conversion
+    elif FP8:
+        w = wb.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # fp8 arrives as uint8 bytes
+    elif MAGIC:
+        w = _widen_int8(wb)
+    else:
+        w = wb.to(tl.float32)
+    return w
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #9400e9a7
+@triton.jit
+def _scale_blocks(
+    w,
+    s_ptr,
+    rn,
+    n_mask,
+    k0,
+    K,
+    s_sn,
+    scale_bn,
+    BLOCKWISE: tl.constexpr,
+    SCALE_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    "`w [BLOCK_N, BLOCK_K]` of the step at `k0` times its blocks' scales (in block mode; unchanged otherwise)."
+    if BLOCKWISE:
+        if BLOCK_K <= SCALE_K:  # BLOCK_K divides SCALE_K: one scale per row and step
+            sw = tl.load(s_ptr + (rn // scale_bn) * s_sn + k0 // SCALE_K, mask=n_mask, other=0.0)
+            w = w * sw[:, None]
+        else:  # SCALE_K divides BLOCK_K: BLOCK_K // SCALE_K scales per row and step
+            rs = k0 // SCALE_K + tl.arange(0, BLOCK_K // SCALE_K)
+            sw = tl.load(
+                s_ptr + (rn // scale_bn)[:, None] * s_sn + rs[None, :],
+                mask=n_mask[:, None] & (rs * SCALE_K < K)[None, :],
+                other=0.0,
+            )
+            sw = tl.reshape(tl.broadcast_to(sw[:, :, None], [BLOCK_N, BLOCK_K // SCALE_K, SCALE_K]), [BLOCK_N, BLOCK_K])
+            w = w * sw
+    return w
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #c6c9e9c4
+@triton.jit
+def _acc_zeros(USE_DOT: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    "The float32 accumulator: `[M_PAD, BLOCK_N]` for the dot, `[BLOCK_N, BLOCK_K]` for one token."
+    if USE_DOT:
+        acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    return acc
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #2c6938ae
+@triton.jit
+def _acc_step(acc, x, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    "`acc` plus one step's products of the tokens `x` and the widened weight rows `w`."
+    if USE_DOT:
+        if IEEE:
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+    else:
+        acc += w * x.to(tl.float32)  # one token: elementwise products, summed once at the end
+    return acc
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #bc7cecca
+@triton.jit
+def _finish(acc, s_ptr, rn, n_mask, USE_DOT: tl.constexpr, BLOCKWISE: tl.constexpr):
+    "The `[M_PAD, BLOCK_N]` result: the one-token accumulator summed along K; per-channel scales applied once."
+    if USE_DOT:
+        res = acc
+    else:
+        res = tl.sum(acc, axis=1)[None, :]
+    if not BLOCKWISE:
+        res = res * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[None, :]
+    return res
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #34294fb5
+@triton.jit
+def _load_w(w_ptrs, start, rk, k_hi, EVEN_K: tl.constexpr):
+    "The weight bytes of the step at `start`: unmasked when every step is whole."
+    if EVEN_K:
+        wb = tl.load(w_ptrs, eviction_policy="evict_first")
+    else:
+        wb = tl.load(w_ptrs, mask=((start + rk) < k_hi)[None, :], other=0, eviction_policy="evict_first")
+    return wb
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #6d8aa1d7
+@triton.jit
+def _load_next(w_ptrs, k0, rk, k_hi, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    "With `PREFETCH`, the weight bytes of the step after `k0`: zero past the slice."
+    if EVEN_K:
+        w_next = tl.load(w_ptrs + BLOCK_K, mask=k0 + BLOCK_K < k_hi, other=0, eviction_policy="evict_first")
+    else:
+        w_next = tl.load(
+            w_ptrs + BLOCK_K, mask=((k0 + BLOCK_K + rk) < k_hi)[None, :], other=0, eviction_policy="evict_first"
+        )
+    return w_next
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #176889db
+@triton.jit
+def _load_x(x_ptrs, m_mask, k_mask, EVEN_K: tl.constexpr):
+    "The tokens' step of activations, zero past `M` (and past the slice unless every step is whole)."
+    if EVEN_K:
+        x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+    else:
+        x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    return x
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #8d74e5c5
 @triton.jit(do_not_specialize=["M"])
 def _w8a16_skinny_kernel(
     x_ptr,
@@ -310,92 +468,36 @@ def _w8a16_skinny_kernel(
     "Program `(n, s)`: rows `n-tile` of the weight, streamed once along K slice `s`, times all `M <= M_PAD` tokens."
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, M_PAD)
-    rk = tl.arange(0, BLOCK_K)
+    rm, rk = tl.arange(0, M_PAD), tl.arange(0, BLOCK_K)
     n_mask, m_mask = rn < N, rm < M
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     rn_in = tl.minimum(rn, N - 1)  # rows past N re-read the last one
     w_ptrs = w_ptr + rn_in.to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]  # [BLOCK_N, BLOCK_K]: contiguous along K
     x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * s_xm + (k_lo + rk)[None, :]
-    if USE_DOT:
-        acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc = _acc_zeros(USE_DOT, M_PAD, BLOCK_N, BLOCK_K)
     if PREFETCH:  # the first step's weights, before the loop
-        if EVEN_K:
-            w_next = tl.load(w_ptrs, eviction_policy="evict_first")
-        else:
-            w_next = tl.load(w_ptrs, mask=((k_lo + rk) < k_hi)[None, :], other=0, eviction_policy="evict_first")
+        w_next = _load_w(w_ptrs, k_lo, rk, k_hi, EVEN_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_mask = (k0 + rk) < k_hi
         if PREFETCH:  # two steps of weight bytes in flight: issue the next before using this one
             wb = w_next
-            if EVEN_K:
-                w_next = tl.load(w_ptrs + BLOCK_K, mask=k0 + BLOCK_K < k_hi, other=0, eviction_policy="evict_first")
-            else:
-                w_next = tl.load(
-                    w_ptrs + BLOCK_K, mask=((k0 + BLOCK_K + rk) < k_hi)[None, :], other=0, eviction_policy="evict_first"
-                )
-        elif EVEN_K:  # every step whole: unmasked, vectorizable weight loads
-            wb = tl.load(w_ptrs, eviction_policy="evict_first")
+            w_next = _load_next(w_ptrs, k0, rk, k_hi, BLOCK_K, EVEN_K)
         else:
-            wb = tl.load(w_ptrs, mask=k_mask[None, :], other=0, eviction_policy="evict_first")
-        if EVEN_K:
-            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
-        else:
-            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        if FP8 and not NATIVE:
-            w = _widen_e4m3(wb)
-        elif FP8 and USE_DOT and not BLOCKWISE:
-            w = wb.to(tl.float8e4nv, bitcast=True).to(x.dtype)  # one conversion
-        elif FP8:
-            w = wb.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # fp8 arrives as uint8 bytes
-        elif MAGIC:
-            w = _widen_int8(wb)
-        else:
-            w = wb.to(tl.float32)
-        if BLOCKWISE:
-            if BLOCK_K <= SCALE_K:  # BLOCK_K divides SCALE_K: one scale per row and step
-                sw = tl.load(s_ptr + (rn // scale_bn) * s_sn + k0 // SCALE_K, mask=n_mask, other=0.0)
-                w = w * sw[:, None]
-            else:  # SCALE_K divides BLOCK_K: BLOCK_K // SCALE_K scales per row and step
-                rs = k0 // SCALE_K + tl.arange(0, BLOCK_K // SCALE_K)
-                sw = tl.load(
-                    s_ptr + (rn // scale_bn)[:, None] * s_sn + rs[None, :],
-                    mask=n_mask[:, None] & (rs * SCALE_K < K)[None, :],
-                    other=0.0,
-                )
-                sw = tl.reshape(
-                    tl.broadcast_to(sw[:, :, None], [BLOCK_N, BLOCK_K // SCALE_K, SCALE_K]), [BLOCK_N, BLOCK_K]
-                )
-                w = w * sw
-        if USE_DOT:
-            if IEEE:
-                acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-        else:
-            acc += w * x.to(tl.float32)  # one token: elementwise products, summed once at the end
+            wb = _load_w(w_ptrs, k0, rk, k_hi, EVEN_K)
+        x = _load_x(x_ptrs, m_mask, k_mask, EVEN_K)
+        w = _widen_step(wb, x, FP8, NATIVE, USE_DOT, BLOCKWISE, MAGIC)
+        w = _scale_blocks(w, s_ptr, rn, n_mask, k0, K, s_sn, scale_bn, BLOCKWISE, SCALE_K, BLOCK_N, BLOCK_K)
+        acc = _acc_step(acc, x, w, USE_DOT, IEEE)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if USE_DOT:
-        res = acc
-    else:
-        res = tl.sum(acc, axis=1)[None, :]
-    if not BLOCKWISE:
-        res = res * tl.load(s_ptr + rn, mask=n_mask, other=0.0)[None, :]
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    if PARTIAL:
-        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[:, None] * N + rn[None, :], res, mask=out_mask)
-    else:
-        if HAS_BIAS:
-            res += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], res.to(out_ptr.dtype.element_ty), mask=out_mask)
+    res = _finish(acc, s_ptr, rn, n_mask, USE_DOT, BLOCKWISE)
+    _store_tile(out_ptr, b_ptr, res, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #03065739
-W8A16_CONFIGS = {  # launch parameters on a GPU, per path; "gemv": M = 1, "skinny4": M <= 4, "skinny": M <= 16, "tiled": larger M
+# launch parameters on a GPU, per path; "gemv": M = 1, "skinny4": M <= 4, "skinny": M <= 16, "tiled": larger M
+W8A16_CONFIGS = {
     "gemv": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
     "gemv_block": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
     "skinny4": dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3),
@@ -405,47 +507,79 @@ W8A16_CONFIGS = {  # launch parameters on a GPU, per path; "gemv": M = 1, "skinn
     "tiled": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
     "tiled_small": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3),
 }
-# (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path] on Qwen3-8B's projections and LM head.
-W8A16_TUNED = {  # (path, kind, N, K) -> config: the H200 sweep of benchmarks_nb/gpu/w8.py (results/w8.json)
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #d40c24d9
+# (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path]
+W8A16_TUNED = {
     ("gemv", "fp8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3, SPLIT_K=1),
     ("gemv", "fp8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
     ("gemv", "fp8", 6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
     ("gemv", "fp8", 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
     ("gemv", "fp8", 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
+}
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #f113770c
+W8A16_TUNED |= {
     ("gemv", "int8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
     ("gemv", "int8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
     ("gemv", "int8", 6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
     ("gemv", "int8", 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
     ("gemv", "int8", 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
+}
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #8e525aa5
+W8A16_TUNED |= {
     ("gemv_block", "fp8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
     ("gemv_block", "fp8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
     ("gemv_block", "fp8", 6144, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3, SPLIT_K=1),
     ("gemv_block", "fp8", 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
     ("gemv_block", "fp8", 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
+}
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #7033af75
+W8A16_TUNED |= {
     ("skinny", "fp8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny", "fp8", 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny", "fp8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny", "fp8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny", "fp8", 151936, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+}
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #3105765e
+W8A16_TUNED |= {
     ("skinny", "int8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny", "int8", 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny", "int8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny", "int8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny", "int8", 151936, 4096): dict(BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=3),
+}
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #b4769069
+W8A16_TUNED |= {
     ("skinny4", "fp8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny4", "fp8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny4", "fp8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
+}
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #a1573940
+W8A16_TUNED |= {
     ("skinny4", "int8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny4", "int8", 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny4", "int8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, SPLIT_K=1),
     ("skinny4", "int8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, SPLIT_K=1),
     ("skinny4", "int8", 151936, 4096): dict(BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=3),
+}
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #38192e1f
+W8A16_TUNED |= {
     ("skinny_block", "fp8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny_block", "fp8", 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny_block", "fp8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3),
     ("skinny_block", "fp8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
     ("skinny_block", "fp8", 151936, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
 }
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #c8632f86
 INTERPRET_CONFIGS = {
     "gemv": dict(BLOCK_N=8, BLOCK_K=32),
     "gemv_block": dict(BLOCK_N=8, BLOCK_K=32),
@@ -456,16 +590,20 @@ INTERPRET_CONFIGS = {
     "tiled": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32),
     "tiled_small": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32),
 }
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #654045c9
 SPLIT = {
     "cuda": dict(programs_per_sm=4, min_split=512, max_split=16),
     "interpret": dict(programs_per_sm=4, min_split=32, max_split=16),
 }
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #666a86d1
 def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #08f51921
 def _split(
     n_tiles: int, K: int, step: int, num_sms: int, min_split: int, programs_per_sm: int = 4, max_split: int = 16
 ) -> int:
@@ -476,11 +614,20 @@ def _split(
     return max(1, min(triton.cdiv(want, n_tiles), K // max(min_split, step), max_split))
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #261a9cee
 def _w8a16_path(M, blockwise):
     p = "gemv" if M == 1 else "skinny4" if M <= 4 else "skinny" if M <= 16 else "tiled_small" if M <= 64 else "tiled"
     return p + "_block" if blockwise and not p.startswith("tiled") else p
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #3e9d9dc8
+def _slices(N: int, K: int, cfg: dict, device) -> int:
+    "K slices for `cfg`'s tile width and step on `device`, by `_split` with `SPLIT`'s parameters."
+    sp = SPLIT["cuda" if device.type == "cuda" else "interpret"]
+    return _split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], _num_sms(device), **sp)
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #6104f392
 def _w8a16_rule(M, N, K, bk, device, fp8: bool = False) -> dict:
     "Launch parameters for `w8a16_gemm` (`bk`: the block's K size, or None for per-channel scales)."
     cuda = device.type == "cuda"
@@ -493,60 +640,36 @@ def _w8a16_rule(M, N, K, bk, device, fp8: bool = False) -> dict:
     if bk is not None and path.startswith("tiled"):
         cfg["BLOCK_K"] = bk  # the tiled kernel's step is one block
     if "SPLIT_K" not in cfg:
-        sp = SPLIT["cuda" if cuda else "interpret"]
-        cfg["SPLIT_K"] = (
-            _split(
-                triton.cdiv(N, cfg["BLOCK_N"]),
-                K,
-                cfg["BLOCK_K"],
-                _num_sms(device),
-                sp["min_split"],
-                sp["programs_per_sm"],
-                sp["max_split"],
-            )
-            if M <= 16
-            else 1
-        )
+        cfg["SPLIT_K"] = _slices(N, K, cfg, device) if M <= 16 else 1
     return cfg
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #06a2b9aa
-from .linear import _split_sum_kernel
-
-
 def _is_8bit(t):
     return t.dtype in (torch.int8, torch.float8_e4m3fn)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #9f98ff8f
 _PLANS = {}  # (shape class, N, K, ...) -> launch plan; filled on first use
-_TABLE_VERSION = [0]
+_TABLE_VERSION = [0]  # part of every plan's key: bumped when the tuned table is replaced
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #8e28a287
 def set_w8a16_tuned(table: dict):
-    "Replace `W8A16_TUNED` by `table` (`{(path, kind, N, K): config}`, e.g. from a sweep) and forget the cached launch plans."
+    """Replace `W8A16_TUNED` by `table` (`{(path, kind, N, K): config}`, e.g. from a sweep) and forget the cached
+    launch plans."""
     W8A16_TUNED.clear()
     W8A16_TUNED.update(table)
     _PLANS.clear()
     _TABLE_VERSION[0] += 1
 
 
-def _w8a16_plan(M, N, K, blk, fp8, dtype, device, config):
-    "The kernel, constexpr parameters, launch options and K slices of one call (cached unless `config` is given)."
-    key = (M if M <= 16 else 17 if M <= 64 else 65, N, K, blk, fp8, dtype, device.type, device.index, _TABLE_VERSION[0])
-    if config is None and key in _PLANS:
-        return _PLANS[key]
+# %% ../../kernels_nb/12_quant_gemm.ipynb #d7103bbd
+def _plan_config(M, N, K, blk, fp8, device, config) -> dict:
+    "The rule's launch parameters with `config` over them, checked; a `config` without `SPLIT_K` gets its own slices."
     cfg = {**_w8a16_rule(M, N, K, None if blk is None else blk[1], device, fp8), **(config or {})}
     if config and "SPLIT_K" not in config and M <= 16:  # slices for the config's own tile width
-        sp = SPLIT["cuda" if device.type == "cuda" else "interpret"]
-        cfg["SPLIT_K"] = _split(
-            triton.cdiv(N, cfg["BLOCK_N"]),
-            K,
-            cfg["BLOCK_K"],
-            _num_sms(device),
-            sp["min_split"],
-            sp["programs_per_sm"],
-            sp["max_split"],
-        )
+        cfg["SPLIT_K"] = _slices(N, K, cfg, device)
     bk = cfg["BLOCK_K"]
     if bk & (bk - 1) or bk < 16:
         raise ValueError(f"w8a16_gemm: BLOCK_K {bk} must be a power of two >= 16")
@@ -554,21 +677,24 @@ def _w8a16_plan(M, N, K, blk, fp8, dtype, device, config):
         raise ValueError(
             f"w8a16_gemm: the tiled path steps one block: BLOCK_K {bk} must equal the block's K size {blk[1]}"
         )
-    step = cfg["BLOCK_K"]
-    kps = max(step, triton.cdiv(triton.cdiv(K, cfg["SPLIT_K"]), step) * step)
-    splits = triton.cdiv(K, kps)
-    skinny = M <= 16 and not cfg.get("DEQUANT")
+    return cfg
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #85a53842
+def _kernel_meta(M, K, kps, blk, fp8, dtype, device, cfg) -> tuple:
+    """`(kernel, BLOCK_M or None, constexpr parameters and launch options)`: the skinny kernel up to 16 tokens,
+    else the tiled one."""
     meta = dict(
         FP8=fp8,
         NATIVE=device.type == "cuda",
         BLOCKWISE=blk is not None,
         IEEE=dtype == torch.float32,
         BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=step,
+        BLOCK_K=cfg["BLOCK_K"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    if skinny:
+    if M <= 16 and not cfg.get("DEQUANT"):
         use_dot = M > 1  # the elementwise path takes one token
         meta.update(
             USE_DOT=use_dot,
@@ -578,29 +704,37 @@ def _w8a16_plan(M, N, K, blk, fp8, dtype, device, config):
             PREFETCH=cfg.get("PREFETCH", False),
             M_PAD=max(triton.next_power_of_2(M), 16) if use_dot else 1,
         )
-        plan = (_w8a16_skinny_kernel, None, meta, kps, splits)
-    else:
-        meta.update(USE_DOT=cfg["USE_DOT"], BLOCK_M=cfg["BLOCK_M"])
-        plan = (_w8a16_kernel, cfg["BLOCK_M"], meta, kps, splits)
+        return _w8a16_skinny_kernel, None, meta
+    meta.update(USE_DOT=cfg["USE_DOT"], BLOCK_M=cfg["BLOCK_M"])
+    return _w8a16_kernel, cfg["BLOCK_M"], meta
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #29897f44
+def _w8a16_plan(M, N, K, blk, fp8, dtype, device, config):
+    "The kernel, constexpr parameters, launch options and K slices of one call (cached unless `config` is given)."
+    key = (M if M <= 16 else 17 if M <= 64 else 65, N, K, blk, fp8, dtype, device.type, device.index, _TABLE_VERSION[0])
+    if config is None and key in _PLANS:
+        return _PLANS[key]
+    cfg = _plan_config(M, N, K, blk, fp8, device, config)
+    step = cfg["BLOCK_K"]
+    kps = max(step, triton.cdiv(triton.cdiv(K, cfg["SPLIT_K"]), step) * step)
+    splits = triton.cdiv(K, kps)
+    plan = (*_kernel_meta(M, K, kps, blk, fp8, dtype, device, cfg), kps, splits)
     if config is None:
         _PLANS[key] = plan
     return plan
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #9ccbc956
 def _weight_arg(qweight):
-    "fp8 weights go to the kernels as their uint8 bytes (a masked fp8 load cannot take an integer `other`; the kernels bitcast)."
+    """fp8 weights go to the kernels as their uint8 bytes (a masked fp8 load cannot take an integer `other`; the
+    kernels bitcast)."""
     return qweight.view(torch.uint8) if qweight.dtype == torch.float8_e4m3fn else qweight
 
 
-def w8a16_gemm(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    block_size=None,
-    config: dict | None = None,
-) -> torch.Tensor:
-    "`x [M, K] @ (qweight [N, K] · scale).T (+ bias)` in `x.dtype`; `qweight` int8 or float8_e4m3fn, `scale` per channel or per block."
+# %% ../../kernels_nb/12_quant_gemm.ipynb #6edcf536
+def _check_w8a16(x, qweight, scale, block_size):
+    "The `(bn, bk)` blocks of a call, or None for per-channel scales, after checking every argument."
     if x.dim() != 2 or qweight.dim() != 2:
         raise ValueError(f"w8a16_gemm: x and qweight must be 2-D, got {tuple(x.shape)} and {tuple(qweight.shape)}")
     M, K = x.shape
@@ -616,28 +750,27 @@ def w8a16_gemm(
         blk = _check_block(blk, N, K, scale)
         if blk is not None and (blk[1] & (blk[1] - 1) or blk[1] < 16):
             raise ValueError(f"w8a16_gemm: block K size {blk[1]} must be a power of two >= 16")
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if M == 0 or N == 0:
-        return out
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    if not qweight.is_contiguous():
-        qweight = qweight.contiguous()
+    return blk
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #6991c592
+def _f32_scale(scale: torch.Tensor, blk, N: int) -> torch.Tensor:
+    "`scale` as contiguous float32; a single per-channel scale expanded to all `N` channels."
     if scale.dtype != torch.float32 or not scale.is_contiguous():
         scale = scale.float().contiguous()
     if blk is None and scale.numel() == 1:
         scale = scale.reshape(1).expand(N).contiguous()
-    fp8 = qweight.dtype == torch.float8_e4m3fn
-    if (config or {}).get("DEQUANT") or (config is None and M >= DEQUANT_M.get(x.device.type, 1 << 62)):
-        return F.linear(x, dequantize_8bit(qweight, scale, blk, x.dtype), bias)
-    kernel, bm, meta, kps, splits = _w8a16_plan(M, N, K, blk, fp8, x.dtype, x.device, config)
-    w = _weight_arg(qweight)
+    return scale
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #4740447d
+def _launch_w8a16(x, w, scale, bias, out, blk, plan) -> None:
+    "`out = x @ dequant(w).T (+ bias)` by `plan`'s kernel, then, with split `K`, the sum of the slices."
+    kernel, bm, meta, kps, splits = plan
+    (M, K), N = x.shape, out.shape[1]
     part = out if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
-    grid = (
-        (triton.cdiv(N, meta["BLOCK_N"]), splits)
-        if bm is None
-        else (triton.cdiv(M, bm), triton.cdiv(N, meta["BLOCK_N"]), splits)
-    )
+    n_tiles = triton.cdiv(N, meta["BLOCK_N"])
+    grid = (n_tiles, splits) if bm is None else (triton.cdiv(M, bm), n_tiles, splits)
     b = bias if bias is not None else out
     kernel[grid](
         x,
@@ -660,15 +793,42 @@ def w8a16_gemm(
         _split_sum_kernel[(triton.cdiv(M * N, 1024),)](
             part, b, out, M * N, N, splits, HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4
         )
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #e45c52c0
+def w8a16_gemm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    block_size=None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """`x [M, K] @ (qweight [N, K] · scale).T (+ bias)` in `x.dtype`;
+    `qweight` int8 or float8_e4m3fn, `scale` per channel or per block."""
+    blk = _check_w8a16(x, qweight, scale, block_size)
+    M, K = x.shape
+    N = qweight.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if not qweight.is_contiguous():
+        qweight = qweight.contiguous()
+    scale = _f32_scale(scale, blk, N)
+    if (config or {}).get("DEQUANT") or (config is None and M >= DEQUANT_M.get(x.device.type, 1 << 62)):
+        return F.linear(x, dequantize_8bit(qweight, scale, blk, x.dtype), bias)
+    plan = _w8a16_plan(M, N, K, blk, qweight.dtype == torch.float8_e4m3fn, x.dtype, x.device, config)
+    _launch_w8a16(x, _weight_arg(qweight), scale, bias, out, blk, plan)
     return out
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #d3q0a002
-import torch.nn.functional as F
-
 DEQUANT_M = {"cuda": 1024}  # from this many tokens on, w8a16_gemm widens the weight and calls F.linear (cuBLAS)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #8652bec7
 @triton.jit
 def _dequant_kernel(
     w_ptr,
@@ -705,6 +865,7 @@ def _dequant_kernel(
     tl.store(out_ptr + offs, (w * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #ec859ac5
 def dequantize_8bit(qweight: torch.Tensor, scale: torch.Tensor, block_size=None, dtype=torch.bfloat16) -> torch.Tensor:
     "`qweight [N, K] · scale` (per channel or per block) as a new `dtype` tensor, by one Triton pass."
     N, K = qweight.shape
@@ -713,10 +874,7 @@ def dequantize_8bit(qweight: torch.Tensor, scale: torch.Tensor, block_size=None,
         if block_size is not None or scale.numel() != N
         else None
     )
-    if scale.dtype != torch.float32 or not scale.is_contiguous():
-        scale = scale.float().contiguous()
-    if blk is None and scale.numel() == 1:
-        scale = scale.reshape(1).expand(N).contiguous()
+    scale = _f32_scale(scale, blk, N)
     if not qweight.is_contiguous():
         qweight = qweight.contiguous()
     out = torch.empty(N, K, dtype=dtype, device=qweight.device)
@@ -756,13 +914,45 @@ def scaled_mm_ref(xq, x_scale, qweight, w_scale, bias=None, out_dtype=torch.floa
 
 
 def block_scaled_mm_ref(xq, x_scale, qweight, w_scale, block_size, bias=None, out_dtype=torch.float32):
-    "Both operands dequantized in float32 (`x_scale [M, ceil(K/bk)]`, `w_scale [ceil(N/bn), ceil(K/bk)]`), then multiplied."
+    """Both operands dequantized in float32 (`x_scale [M, ceil(K/bk)]`, `w_scale [ceil(N/bn), ceil(K/bk)]`), then
+    multiplied."""
     bn, bk = block_size
     x = xq.float() * x_scale.float().repeat_interleave(bk, 1)[:, : xq.shape[1]]
     y = x @ dequantize_weight(qweight, w_scale, block_size).T
     if bias is not None:
         y = y + bias.float()
     return y.to(out_dtype)
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #3d7d72ba
+@triton.jit
+def _w8a8_zeros(INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    "The `[BLOCK_M, BLOCK_N]` accumulator: int32 for int8 codes, float32 for fp8."
+    if INT8:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return acc
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #5e30071e
+@triton.jit
+def _fp8_dot(xb, wb, NATIVE: tl.constexpr):
+    "One step's float32 `xb @ wb` of fp8 codes: the fp8 tensor cores, or widened codes in the interpreter."
+    if NATIVE:
+        part = tl.dot(xb, wb)  # fp8 operands as they are: straight to the tensor cores
+    else:
+        part = tl.dot(_widen_e4m3(xb), _widen_e4m3(wb), input_precision="ieee")
+    return part
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #2e0c45ef
+@triton.jit
+def _step_scales(sx_ptr, sw_ptr, rm, rn, m_mask, n_mask, k0, s_sxm, s_swn, scale_bn, BLOCK_K: tl.constexpr):
+    "The tokens' and the weight rows' scales of the step at `k0`."
+    sx = tl.load(sx_ptr + rm * s_sxm + k0 // BLOCK_K, mask=m_mask, other=0.0)
+    sw = tl.load(sw_ptr + (rn // scale_bn) * s_swn + k0 // BLOCK_K, mask=n_mask, other=0.0)
+    return sx, sw
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #3fb601b4
@@ -797,10 +987,7 @@ def _w8a8_kernel(
     m_mask, n_mask = rm < M, rn < N
     x_ptrs = x_ptr + rm.to(tl.int64)[:, None] * s_xm + rk[None, :]
     w_ptrs = w_ptr + rn.to(tl.int64)[None, :] * K + rk[:, None]
-    if INT8:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = _w8a8_zeros(INT8, BLOCK_M, BLOCK_N)
     for k0 in range(0, K, BLOCK_K):
         k_mask = (k0 + rk) < K
         xb = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
@@ -808,13 +995,9 @@ def _w8a8_kernel(
         if INT8:
             acc += tl.dot(xb, wb, out_dtype=tl.int32)
         else:
-            if NATIVE:
-                part = tl.dot(xb, wb)  # fp8 operands as they are: straight to the tensor cores
-            else:
-                part = tl.dot(_widen_e4m3(xb), _widen_e4m3(wb), input_precision="ieee")
+            part = _fp8_dot(xb, wb, NATIVE)
             if BLOCKWISE:
-                sx = tl.load(sx_ptr + rm * s_sxm + k0 // BLOCK_K, mask=m_mask, other=0.0)
-                sw = tl.load(sw_ptr + (rn // scale_bn) * s_swn + k0 // BLOCK_K, mask=n_mask, other=0.0)
+                sx, sw = _step_scales(sx_ptr, sw_ptr, rm, rn, m_mask, n_mask, k0, s_sxm, s_swn, scale_bn, BLOCK_K)
                 acc += part * sx[:, None] * sw[None, :]
             else:
                 acc += part
@@ -840,20 +1023,31 @@ W8A8_CONFIGS = {  # launch parameters of the Triton W8A8 kernel on a GPU, per si
     "mid": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
     "large": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3),
 }
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #e86f2253
 # (size, "int8" | "fp8" | "fp8_block", N, K) -> overrides
-W8A8_TUNED = {  # measured best under CUDA-graph replay on the H200 (benchmarks_nb/results/quant8_gemm_sweep.json)
+# measured best under CUDA-graph replay on the H200 (benchmarks_nb/results/quant8_gemm_sweep.json)
+W8A8_TUNED = {
     ("large", "fp8", 6144, 4096): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
     ("large", "fp8", 4096, 4096): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
     ("large", "fp8", 24576, 4096): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
     ("large", "fp8", 4096, 12288): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
+}
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #407275d9
+W8A8_TUNED |= {
     ("large", "int8", 6144, 4096): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
     ("large", "int8", 4096, 4096): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
     ("large", "int8", 24576, 4096): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
     ("large", "int8", 4096, 12288): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
 }
-FP8_BACKEND = "torch"  # per-token x per-channel fp8 on sm_90+ with 16-bit output: "torch" (torch._scaled_mm, cuBLASLt) or "triton"
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #aa43a812
+# per-token x per-channel fp8 on sm_90+ with 16-bit output: "torch" (torch._scaled_mm, cuBLASLt) or "triton"
+FP8_BACKEND = "torch"
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #ab78bef8
 def _w8a8_rule(M, N, K, bk, device, kind: str = "int8") -> dict:
     if device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=bk or 32, num_warps=1, num_stages=1)
@@ -864,8 +1058,10 @@ def _w8a8_rule(M, N, K, bk, device, kind: str = "int8") -> dict:
     return cfg
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #51a145bc
 def _torch_scaled_mm_ok(xq, qweight, w_scale, out_dtype, block_size) -> bool:
-    "May `torch._scaled_mm` (rowwise scales) do this fp8 product? sm_90+, a 16-bit output, sizes that are multiples of 16."
+    """May `torch._scaled_mm` (rowwise scales) do this fp8 product? sm_90+, a 16-bit output, sizes that are
+    multiples of 16."""
     if FP8_BACKEND != "torch" or block_size is not None or not xq.is_cuda or xq.dtype != torch.float8_e4m3fn:
         return False
     if out_dtype != torch.bfloat16 or not hasattr(torch, "_scaled_mm"):
@@ -875,33 +1071,23 @@ def _torch_scaled_mm_ok(xq, qweight, w_scale, out_dtype, block_size) -> bool:
     return torch.cuda.get_device_capability(xq.device) >= (9, 0)
 
 
-def _w8a8(xq, x_scale, qweight, w_scale, bias, out_dtype, block_size, config):
+# %% ../../kernels_nb/12_quant_gemm.ipynb #a2460a82
+def _check_w8a8(xq, qweight) -> None:
+    "A one-line reason for operands `scaled_mm` cannot multiply."
     if xq.dim() != 2 or qweight.dim() != 2 or xq.shape[1] != qweight.shape[1]:
         raise ValueError(f"scaled_mm: shapes {tuple(xq.shape)} and {tuple(qweight.shape)} do not multiply as x @ w.T")
     if xq.dtype != qweight.dtype or not _is_8bit(xq):
         raise ValueError(
-            f"scaled_mm: activations and weights must both be int8 or both float8_e4m3fn, got {xq.dtype} and {qweight.dtype}"
+            "scaled_mm: activations and weights must both be int8 or both float8_e4m3fn, "
+            f"got {xq.dtype} and {qweight.dtype}"
         )
-    M, K = xq.shape
-    N = qweight.shape[0]
-    if M == 0 or N == 0:
-        return torch.empty(M, N, dtype=out_dtype, device=xq.device)
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #c9aed48e
+def _launch_w8a8(xq, x_scale, qweight, w_scale, bias, out, block_size, config) -> None:
+    "`out` by the Triton W8A8 kernel, with `_w8a8_rule`'s launch parameters (`config` over them)."
+    (M, K), N = xq.shape, qweight.shape[0]
     int8 = xq.dtype == torch.int8
-    if not xq.is_contiguous():
-        xq = xq.contiguous()
-    if not qweight.is_contiguous():
-        qweight = qweight.contiguous()
-    x_scale = x_scale.reshape(M, -1)
-    if x_scale.dtype != torch.float32 or not x_scale.is_contiguous():
-        x_scale = x_scale.float().contiguous()
-    if w_scale.dtype != torch.float32 or not w_scale.is_contiguous():
-        w_scale = w_scale.float().contiguous()
-    if block_size is None and w_scale.numel() == 1:
-        w_scale = w_scale.reshape(1).expand(N).contiguous()
-    if config is None and _torch_scaled_mm_ok(xq, qweight, w_scale, out_dtype, block_size):
-        y = torch._scaled_mm(xq, qweight.t(), scale_a=x_scale, scale_b=w_scale.reshape(1, N), out_dtype=out_dtype)
-        return y if bias is None else y.add_(bias)
-    out = torch.empty(M, N, dtype=out_dtype, device=xq.device)
     if not int8 and not xq.is_cuda:
         xq, qweight = xq.view(torch.uint8), qweight.view(torch.uint8)  # widened in the interpreter
     kind = "int8" if int8 else "fp8" if block_size is None else "fp8_block"
@@ -931,29 +1117,56 @@ def _w8a8(xq, x_scale, qweight, w_scale, bias, out_dtype, block_size, config):
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #831f22bb
+def _w8a8(xq, x_scale, qweight, w_scale, bias, out_dtype, block_size, config):
+    "`scaled_mm` and `block_scaled_mm` after their own checks: `torch._scaled_mm` where it applies, else the kernel."
+    _check_w8a8(xq, qweight)
+    M, N = xq.shape[0], qweight.shape[0]
+    if M == 0 or N == 0:
+        return torch.empty(M, N, dtype=out_dtype, device=xq.device)
+    if not xq.is_contiguous():
+        xq = xq.contiguous()
+    if not qweight.is_contiguous():
+        qweight = qweight.contiguous()
+    x_scale = x_scale.reshape(M, -1)
+    if x_scale.dtype != torch.float32 or not x_scale.is_contiguous():
+        x_scale = x_scale.float().contiguous()
+    w_scale = _f32_scale(w_scale, block_size, N)
+    if config is None and _torch_scaled_mm_ok(xq, qweight, w_scale, out_dtype, block_size):
+        y = torch._scaled_mm(xq, qweight.t(), scale_a=x_scale, scale_b=w_scale.reshape(1, N), out_dtype=out_dtype)
+        return y if bias is None else y.add_(bias)
+    out = torch.empty(M, N, dtype=out_dtype, device=xq.device)
+    _launch_w8a8(xq, x_scale, qweight, w_scale, bias, out, block_size, config)
     return out
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #e41f278e
 def scaled_mm(xq, x_scale, qweight, w_scale, bias=None, out_dtype=torch.float32, config=None):
-    "`(xq @ qweight.T) · x_scale[m] · w_scale[n] (+ bias)` in `out_dtype`: int8 x int8 -> int32, or fp8 x fp8 -> float32."
+    """`(xq @ qweight.T) · x_scale[m] · w_scale[n] (+ bias)` in `out_dtype`: int8 x int8 -> int32, or fp8 x fp8 ->
+    float32."""
     if x_scale.numel() != xq.shape[0]:
         raise ValueError(
             f"scaled_mm: x_scale must have one entry per token ({xq.shape[0]}), got {tuple(x_scale.shape)}"
         )
     if w_scale.numel() not in (1, qweight.shape[0]):
         raise ValueError(
-            f"scaled_mm: w_scale must have one entry per output channel ({qweight.shape[0]}), got {tuple(w_scale.shape)}"
+            f"scaled_mm: w_scale must have one entry per output channel ({qweight.shape[0]}), "
+            f"got {tuple(w_scale.shape)}"
         )
     return _w8a8(xq, x_scale, qweight, w_scale, bias, out_dtype, None, config)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #92d517ce
 def block_scaled_mm(xq, x_scale, qweight, w_scale, block_size, bias=None, out_dtype=torch.float32, config=None):
     "fp8 `xq [M, K]` in groups of `bk` (`x_scale [M, ceil(K/bk)]`) times fp8 `qweight [N, K]` in `(bn, bk)` blocks."
     bn, bk = block_size
     _check_block(block_size, qweight.shape[0], qweight.shape[1], w_scale)
     if tuple(x_scale.shape) != (xq.shape[0], triton.cdiv(xq.shape[1], bk)):
         raise ValueError(
-            f"block_scaled_mm: x_scale must be [{xq.shape[0]}, {triton.cdiv(xq.shape[1], bk)}] (groups of {bk}), got {tuple(x_scale.shape)}"
+            f"block_scaled_mm: x_scale must be [{xq.shape[0]}, {triton.cdiv(xq.shape[1], bk)}] (groups of {bk}), "
+            f"got {tuple(x_scale.shape)}"
         )
     if xq.dtype != torch.float8_e4m3fn:
         raise ValueError(f"block_scaled_mm: activations must be float8_e4m3fn, got {xq.dtype}")

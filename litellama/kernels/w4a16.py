@@ -1,4 +1,4 @@
-"""Packing 4-bit codes eight to an int32 word in the AWQ and GPTQ layouts, one internal layout for the GPU, and the W4A16 matrix multiply that unpacks and dequantizes inside its tile, with its PyTorch reference.
+"""AWQ and GPTQ 4-bit packing, one kernel layout, and the W4A16 matrix multiply that dequantizes inside its tile.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/w4a16.html.md"""
 
@@ -33,11 +33,15 @@ from .linear import _split_sum_kernel
 
 # %% ../../kernels_nb/13_w4a16.ipynb #137779b6
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds element AWQ_ORDER[i] of its eight
+
+# %% ../../kernels_nb/13_w4a16.ipynb #3d881f15
 _SHIFTS = tuple(range(0, 32, 4))
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #1b85436e
 def pack_int4(codes: torch.Tensor, dim: int, order=None) -> torch.Tensor:
-    "Pack 4-bit `codes` (integers in 0..15) eight to an int32 along `dim`; nibble `i` (bits 4i..4i+3) holds element `order[i]` of each eight."
+    """Pack 4-bit `codes` (integers in 0..15) eight to an int32 along `dim`; nibble `i` (bits 4i..4i+3) holds
+    element `order[i]` of each eight."""
     if codes.shape[dim] % 8:
         raise ValueError(f"cannot pack {codes.shape[dim]} codes along dim {dim}: not a multiple of 8")
     c = codes.movedim(dim, -1).to(torch.int32)
@@ -52,6 +56,7 @@ def pack_int4(codes: torch.Tensor, dim: int, order=None) -> torch.Tensor:
     return word.movedim(-1, dim).contiguous()
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #6aef2604
 def unpack_int4(words: torch.Tensor, dim: int, order=None) -> torch.Tensor:
     "The inverse of `pack_int4`: int32 `words` to eight times as many codes (int32, 0..15) along `dim`."
     w = words.movedim(dim, -1).to(torch.int32)
@@ -68,11 +73,13 @@ def awq_pack(codes, zeros, scales):
     return pack_int4(codes, 1, AWQ_ORDER), pack_int4(zeros, 1, AWQ_ORDER), scales.to(torch.float16).contiguous()
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #a1054525
 def awq_unpack(qweight, qzeros):
     "`(codes [in, out], zeros [in/g, out])` of an AWQ `gemm` layer."
     return unpack_int4(qweight, 1, AWQ_ORDER), unpack_int4(qzeros, 1, AWQ_ORDER)
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #74acc257
 def gptq_pack(codes, zeros, scales, g_idx=None, version: int = 1):
     "GPTQ tensors from codes, zeros and scales: `(qweight, qzeros, scales fp16, g_idx int32)`; v1 stores `zeros - 1`."
     if version not in (1, 2):
@@ -89,6 +96,7 @@ def gptq_pack(codes, zeros, scales, g_idx=None, version: int = 1):
     )
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #27d2339a
 def gptq_unpack(qweight, qzeros, version: int = 1):
     "`(codes [in, out], zeros [in/g, out])` of a GPTQ layer; v1 zeros are read plus one."
     return unpack_int4(qweight, 0), unpack_int4(qzeros, 1) + int(version == 1)
@@ -103,7 +111,8 @@ def dequantize(codes, zeros, scales, g_idx) -> torch.Tensor:
 
 # %% ../../kernels_nb/13_w4a16.ipynb #6dbc5603
 def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
-    "`(qweight [out, in/8], scales [out, G], zeros [out, G], group_size, perm or None)`: rows sorted by group, `perm` to gather `x` by; scales and zeros in `dtype` (default: the scales')."
+    """`(qweight [out, in/8], scales [out, G], zeros [out, G], group_size, perm or None)`: rows sorted by group,
+    `perm` to gather `x` by; scales and zeros in `dtype` (default: the scales')."""
     dtype = dtype or scales.dtype
     K, G = codes.shape[0], scales.shape[0]
     g_idx = g_idx.long().to(codes.device)
@@ -131,7 +140,8 @@ def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
 
 # %% ../../kernels_nb/13_w4a16.ipynb #d013681e
 def w4a16_linear_ref(x, qweight, scales, zeros, group_size: int, perm=None, bias=None):
-    "`x @ W.T (+ bias)` with `W [N, K] = (q - z) · s` from the kernel layout, in float32; `perm` gathers `x`'s columns first."
+    """`x @ W.T (+ bias)` with `W [N, K] = (q - z) · s` from the kernel layout, in float32; `perm` gathers `x`'s
+    columns first."""
     K = qweight.shape[1] * 8
     if x.shape[-1] != K:
         raise ValueError(f"x has {x.shape[-1]} features, the 4-bit weight takes {K}")
@@ -145,6 +155,31 @@ def w4a16_linear_ref(x, qweight, scales, zeros, group_size: int, perm=None, bias
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype).reshape(*lead, -1)
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #1fd43f08
+@triton.jit
+def _store_row(out_ptr, b_ptr, res, pid_m, rn, n_mask, pid_k, M, N, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
+    "Store outputs `rn` of row `pid_m`: to plane `pid_k` in float32 with `PARTIAL`, else plus the bias, rounded."
+    if PARTIAL:
+        tl.store(out_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, res, mask=n_mask)
+    else:
+        if HAS_BIAS:
+            res += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + pid_m.to(tl.int64) * N + rn, res.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #86cf8bfc
+@triton.jit
+def _store_t(out_ptr, b_ptr, acc, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
+    "Store the transposed tile `acc [BLOCK_N, BLOCK_M]` of outputs `rn` of rows `rm`, as `_store_row` does."
+    out_mask = n_mask[:, None] & m_mask[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[None, :] * N + rn[:, None], acc, mask=out_mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rm.to(tl.int64)[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #df8d5dc6
@@ -169,7 +204,8 @@ def _w4_gemv_kernel(
     SUBS: tl.constexpr,
     SUB_W: tl.constexpr,
 ):
-    "One row of `x` times `BLOCK_N` rows of the 4-bit weight over one K slice, by multiply-and-add: `SUBS` runs of `SUB_W` words per step, each inside one group."
+    """One row of `x` times `BLOCK_N` rows of the 4-bit weight over one K slice, by multiply-and-add: `SUBS` runs
+    of `SUB_W` words per step, each inside one group."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rt = tl.arange(0, SUBS)
@@ -202,15 +238,50 @@ def _w4_gemv_kernel(
         s = tl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
         acc += s * (tl.sum(dot, axis=2) - z * tl.sum(xs, axis=2))  # sum x (q - z) s = s (sum x q - z sum x)
-    res = tl.sum(acc, axis=1)
-    if PARTIAL:
-        tl.store(out_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, res, mask=n_mask)
+    _store_row(out_ptr, b_ptr, tl.sum(acc, axis=1), pid_m, rn, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #026fbc5f
+@triton.jit
+def _group_sz(s_ptr, z_ptr, rn, n_mask, kc, c_mask, k0, G, group_size, FACTORED: tl.constexpr):
+    "Scales and zeros of the step at `k0`: `[BLOCK_N]` when it lies in one group, else `[BLOCK_N, BLOCK_K // 4]`."
+    if FACTORED:  # the step lies in one group: scale after the dot
+        g_off = rn.to(tl.int64) * G + k0 // group_size
+        s = tl.load(s_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
+    else:  # a group per column
+        g_off = rn.to(tl.int64)[:, None] * G + ((kc * 4) // group_size)[None, :]
+        s = tl.load(s_ptr + g_off, mask=n_mask[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g_off, mask=n_mask[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
+    return s, z
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #41805a65
+@triton.jit
+def _nibble_operand(h, j: tl.constexpr, s, z, xj, FACTORED: tl.constexpr, MAGIC: tl.constexpr, MAGIC_VAL: tl.constexpr):
+    "The 16-bit dot operand of nibble `j` of every int16 in `h`: `MAGIC_VAL + q` from the bits, or `(q - z) s`."
+    if FACTORED and MAGIC_VAL != 0:  # 16-bit float MAGIC_VAL + q straight from the bits
+        w = (((h >> (4 * j)) & 0xF) | MAGIC).to(tl.int16).to(xj.dtype, bitcast=True)
     else:
-        if HAS_BIAS:
-            res += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + pid_m.to(tl.int64) * N + rn, res.to(out_ptr.dtype.element_ty), mask=n_mask)
+        w = ((h >> (4 * j)) & 0xF).to(tl.float32)
+        if not FACTORED:
+            w = (w - z) * s
+        w = w.to(xj.dtype)
+    return w
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #3e232809
+@triton.jit
+def _dot_acc(a, b, acc, IEEE: tl.constexpr):
+    "`acc + a @ b` on the tensor cores; float32 operands in full precision with `IEEE`."
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #c960e85f
 @triton.jit(do_not_specialize=["M"])
 def _w4_dot_kernel(
     x_ptr,
@@ -236,7 +307,8 @@ def _w4_dot_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    "`out[m, n]` tile computed transposed, `W_tile [BLOCK_N, BLOCK_K] @ x_tile^T`, on tensor cores, over one K slice; the weight read as int16, four codes each."
+    """`out[m, n]` tile computed transposed, `W_tile [BLOCK_N, BLOCK_K] @ x_tile^T`, on tensor cores, over one K
+    slice; the weight read as int16, four codes each."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -252,44 +324,23 @@ def _w4_dot_kernel(
         kc = k0 // 4 + rc
         c_mask = kc < K4
         h = tl.load(w_rows + kc[None, :], mask=n_mask[:, None] & c_mask[None, :], other=0)
-        if FACTORED:  # the step lies in one group: scale after the dot
-            g_off = rn.to(tl.int64) * G + k0 // group_size
-            s = tl.load(s_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
-        else:  # a group per column
-            g_off = rn.to(tl.int64)[:, None] * G + ((kc * 4) // group_size)[None, :]
-            s = tl.load(s_ptr + g_off, mask=n_mask[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + g_off, mask=n_mask[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
+        s, z = _group_sz(s_ptr, z_ptr, rn, n_mask, kc, c_mask, k0, G, group_size, FACTORED)
         part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         xs = tl.zeros([BLOCK_M], dtype=tl.float32)
         for j in tl.static_range(4):
             xj = tl.load(x_cols + (kc * 4 + j)[:, None], mask=c_mask[:, None] & m_mask[None, :], other=0.0)
-            if FACTORED and MAGIC_VAL != 0:  # 16-bit float MAGIC_VAL + q straight from the bits
-                w = (((h >> (4 * j)) & 0xF) | MAGIC).to(tl.int16).to(xj.dtype, bitcast=True)
-            else:
-                w = ((h >> (4 * j)) & 0xF).to(tl.float32)
-                if not FACTORED:
-                    w = (w - z) * s
-                w = w.to(xj.dtype)
-            if IEEE:
-                part = tl.dot(w, xj, part, input_precision="ieee")
-            else:
-                part = tl.dot(w, xj, part)
+            w = _nibble_operand(h, j, s, z, xj, FACTORED, MAGIC, MAGIC_VAL)
+            part = _dot_acc(w, xj, part, IEEE)
             if FACTORED:
                 xs += tl.sum(xj.to(tl.float32), axis=0)
         if FACTORED:
             acc += s[:, None] * (part - (z + MAGIC_VAL)[:, None] * xs[None, :])
         else:
             acc += part
-    out_mask = n_mask[:, None] & m_mask[None, :]
-    if PARTIAL:
-        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[None, :] * N + rn[:, None], acc, mask=out_mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + rm.to(tl.int64)[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _store_t(out_ptr, b_ptr, acc, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #e6d5dba5
 @triton.jit
 def _w4_dequant_kernel(
     qw_ptr, s_ptr, z_ptr, out_ptr, N, K, G, group_size, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr
@@ -324,6 +375,7 @@ def _pair_halves(t, like, ASM: tl.constexpr):
     return lo, hi
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #90c614a4
 @triton.jit(do_not_specialize=["M"])
 def _w4_pair_kernel(
     x_ptr,
@@ -348,7 +400,8 @@ def _w4_pair_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    "`out^T` tile `[BLOCK_N, BLOCK_M]` on tensor cores over one K slice, two codes turned into two 16-bit floats per 32-bit operation; every step inside one group."
+    """`out^T` tile `[BLOCK_N, BLOCK_M]` on tensor cores over one K slice, two codes turned into two 16-bit floats
+    per 32-bit operation; every step inside one group."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -378,13 +431,7 @@ def _w4_pair_kernel(
         part = tl.dot(w, xt)
         xs = tl.sum(xt.to(tl.float32), axis=0)
         acc += s[:, None] * (part - (z + MAGIC_VAL)[:, None] * xs[None, :])
-    out_mask = n_mask[:, None] & m_mask[None, :]
-    if PARTIAL:
-        tl.store(out_ptr + (pid_k * M + rm).to(tl.int64)[None, :] * N + rn[:, None], acc, mask=out_mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + rm.to(tl.int64)[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _store_t(out_ptr, b_ptr, acc, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #126de6d4
@@ -414,47 +461,79 @@ DEFAULTS = {
         max_split=4,
     ),
 }
-TUNED: dict = {  # (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200 (benchmarks_nb/gpu/w4.py prints them); Qwen3-8B, group 128
+
+# %% ../../kernels_nb/13_w4a16.ipynb #b7257288
+# (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200
+# (benchmarks_nb/gpu/w4.py prints them); Qwen3-8B, group 128
+TUNED: dict = {
     (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=9),
     (24576, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=4),
     (4096, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=9),
     (6144, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=12),
+}
+
+# %% ../../kernels_nb/13_w4a16.ipynb #c1e0a1fd
+TUNED |= {
     (4096, 12288, 4): dict(
         PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=18
     ),
     (24576, 4096, 4): dict(
         PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=4
     ),
+}
+
+# %% ../../kernels_nb/13_w4a16.ipynb #24137196
+TUNED |= {
     (4096, 4096, 4): dict(
         PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=9
     ),
     (6144, 4096, 4): dict(
         PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=6
     ),
+}
+
+# %% ../../kernels_nb/13_w4a16.ipynb #cb91e33b
+TUNED |= {
     (4096, 12288, 16): dict(
         PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=18
     ),
     (24576, 4096, 16): dict(
         PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=4
     ),
+}
+
+# %% ../../kernels_nb/13_w4a16.ipynb #5954c236
+TUNED |= {
     (4096, 4096, 16): dict(
         PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=9
     ),
     (6144, 4096, 16): dict(
         PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=6
     ),
+}
+
+# %% ../../kernels_nb/13_w4a16.ipynb #893c3f74
+TUNED |= {
     (4096, 12288, 64): dict(
         PATH="pair", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=18
     ),
     (24576, 4096, 64): dict(
         PATH="pair", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=2
     ),
+}
+
+# %% ../../kernels_nb/13_w4a16.ipynb #97addb3c
+TUNED |= {
     (4096, 4096, 64): dict(
         PATH="pair", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=9
     ),
     (6144, 4096, 64): dict(
         PATH="pair", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=6
     ),
+}
+
+# %% ../../kernels_nb/13_w4a16.ipynb #7296e7b1
+TUNED |= {
     (4096, 12288, 4096): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
     (24576, 4096, 4096): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
     (4096, 4096, 4096): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
@@ -462,12 +541,14 @@ TUNED: dict = {  # (N, K, M bucket) -> launch parameters measured best under CUD
 }
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #fd90298a
 def _split(tiles: int, K: int, d: dict, num_sms: int) -> int:
     "Slices of K: enough programs for `programs_per_sm` per SM, none shorter than `min_split` features."
     want, tiles = d["programs_per_sm"] * num_sms, max(1, tiles)
     return 1 if tiles >= want else max(1, min(triton.cdiv(want, tiles), K // d["min_split"], d["max_split"]))
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #4c530615
 def _rule(M: int, N: int, K: int, group_size: int, device_type: str = "cuda", num_sms: int = 132) -> dict:
     "The built-in launch parameters for `x [M, K]` times a 4-bit `[K, N]` weight with groups of `group_size`."
     d = DEFAULTS["cuda" if device_type == "cuda" else "interpret"]
@@ -482,12 +563,15 @@ def _rule(M: int, N: int, K: int, group_size: int, device_type: str = "cuda", nu
     return {**cfg, "SPLIT_K": _split(tiles, K, d, num_sms)}
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #50b9c988
 def _bucket(M: int) -> int:
     return 1 if M <= 1 else 1 << (M - 1).bit_length()
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #f7a8b9ad
 def _config(M: int, N: int, K: int, group_size: int, device_type: str, num_sms: int, dtype=torch.bfloat16) -> dict:
-    "The tuned entry for this shape and M bucket where there is one and it applies (the pair path: 16-bit `x`, steps inside a group), else the rule."
+    """The tuned entry for this shape and M bucket where there is one and it applies (the pair path: 16-bit `x`,
+    steps inside a group), else the rule."""
     tuned = TUNED.get((N, K, _bucket(M))) if device_type == "cuda" else None
     if tuned and tuned.get("PATH") == "pair" and (dtype == torch.float32 or group_size % tuned["BLOCK_K"]):
         tuned = None
@@ -514,11 +598,13 @@ def _check(x, qweight, scales, zeros, group_size, bias):
     return K, N
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #45b6d8e2
 @functools.lru_cache
 def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #3529f6d1
 _MAGIC = {
     torch.float16: (0x6400, 1024.0),
     torch.bfloat16: (0x4300, 128.0),
@@ -526,18 +612,47 @@ _MAGIC = {
 }  # bits of 2^10, 2^7
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #3b53e1f0
+def _dequant_plan(N, K, cfg):
+    "The plan of the dequantize-then-GEMM path: one program per `BLOCK_N` rows and `BLOCK_W` words."
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(K // 8, cfg["BLOCK_W"]))
+    consts = dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"])
+    return "dequant", grid, 0, 1, consts, dict(num_warps=cfg.get("num_warps", 4))
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #da3ca625
+def _tensor_core_consts(path, group_size, dtype, device, cfg) -> dict:
+    "The constants of the `dot` or `pair` kernel, after checking that `cfg`'s tile suits them."
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    if bm < 16 or bm & (bm - 1):
+        raise ValueError(f"BLOCK_M {bm}: tensor-core tiles take a power of two, at least 16")
+    if bk < 64 and device.type == "cuda":
+        raise ValueError(f"BLOCK_K {bk}: tensor-core tiles need BLOCK_K >= 64")
+    magic, magic_val = _MAGIC[dtype]
+    if path == "dot":
+        return dict(
+            FACTORED=group_size % bk == 0,
+            IEEE=dtype == torch.float32,
+            MAGIC=magic,
+            MAGIC_VAL=magic_val,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+        )
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"the pair path takes fp16 or bf16 activations, got {dtype}")
+    if group_size % bk:
+        raise ValueError(f"BLOCK_K {bk}: the pair path needs whole steps inside one group of {group_size}")
+    asm = bool(cfg.get("ASM", True)) and device.type == "cuda"
+    return dict(ASM=asm, MAGIC2=magic * 0x10001, MAGIC_VAL=magic_val, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #ac31d713
 def _plan(M, N, K, group_size, dtype, device, cfg):
     "What one launch needs, worked out once per shape: `(path, grid, k per slice, slices, kernel constants, options)`."
     path = cfg.get("PATH", "gemv")
     if path == "dequant":
-        return (
-            "dequant",
-            (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(K // 8, cfg["BLOCK_W"])),
-            0,
-            1,
-            dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"]),
-            dict(num_warps=cfg.get("num_warps", 4)),
-        )
+        return _dequant_plan(N, K, cfg)
     if path not in ("gemv", "dot", "pair"):
         raise ValueError(f"W4A16 path '{path}': expected gemv, dot, pair or dequant")
     bk, bn = cfg["BLOCK_K"], cfg["BLOCK_N"]
@@ -550,83 +665,36 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
         sub = min(bk, group_size & -group_size)  # runs of `sub` features never cross a group
         consts = dict(BLOCK_N=bn, SUBS=bk // sub, SUB_W=sub // 8)
         return "gemv", (M, triton.cdiv(N, bn), splits), kps, splits, consts, opts
-    bm = cfg["BLOCK_M"]
-    if bm < 16 or bm & (bm - 1):
-        raise ValueError(f"BLOCK_M {bm}: tensor-core tiles take a power of two, at least 16")
-    if bk < 64 and device.type == "cuda":
-        raise ValueError(f"BLOCK_K {bk}: tensor-core tiles need BLOCK_K >= 64")
-    magic, magic_val = _MAGIC[dtype]
-    if path == "pair":
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"the pair path takes fp16 or bf16 activations, got {dtype}")
-        if group_size % bk:
-            raise ValueError(f"BLOCK_K {bk}: the pair path needs whole steps inside one group of {group_size}")
-        consts = dict(
-            ASM=bool(cfg.get("ASM", True)) and device.type == "cuda",
-            MAGIC2=magic * 0x10001,
-            MAGIC_VAL=magic_val,
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
-        )
-        return "pair", (triton.cdiv(M, bm), triton.cdiv(N, bn), splits), kps, splits, consts, opts
-    consts = dict(
-        FACTORED=group_size % bk == 0,
-        IEEE=dtype == torch.float32,
-        MAGIC=magic,
-        MAGIC_VAL=magic_val,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-    )
-    return "dot", (triton.cdiv(M, bm), triton.cdiv(N, bn), splits), kps, splits, consts, opts
+    consts = _tensor_core_consts(path, group_size, dtype, device, cfg)
+    return path, (triton.cdiv(M, cfg["BLOCK_M"]), triton.cdiv(N, bn), splits), kps, splits, consts, opts
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #f6d71ef1
 _PLANS: dict = {}  # (M, N, K, group, dtypes, bias?, device) -> plan: the launcher's per-shape work, done once
 
 
-def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=None, config: dict | None = None):
-    "`x @ W.T (+ bias)` for a 4-bit weight in the kernel layout, by the Triton kernels; `config` replaces the launch rule."
-    K = x.shape[-1]
-    x2 = x.reshape(-1, K)
-    M, N = x2.shape[0], qweight.shape[0]
-    key = (
-        M,
-        N,
-        K,
-        qweight.shape[1],
-        group_size,
-        x.dtype,
-        scales.shape,
-        scales.dtype,
-        zeros.shape,
-        zeros.dtype,
-        bias is None,
-        x.device,
-    )
-    plan = _PLANS.get(key) if config is None else None
-    if plan is None:
-        _check(x, qweight, scales, zeros, group_size, bias)
-        cfg = {**_config(M, N, K, group_size, x.device.type, _num_sms(x.device), x.dtype), **(config or {})}
-        plan = _plan(M, N, K, group_size, x.dtype, x.device, cfg)
-        if config is None:
-            if len(_PLANS) > 4096:
-                _PLANS.clear()
-            _PLANS[key] = plan
+# %% ../../kernels_nb/13_w4a16.ipynb #e1be7362
+def _new_plan(key, x, qweight, scales, zeros, group_size, bias, config):
+    "The plan of a shape not seen before (kept unless `config` is given), after checking the arguments."
+    _check(x, qweight, scales, zeros, group_size, bias)
+    M, N, K = key[:3]
+    cfg = {**_config(M, N, K, group_size, x.device.type, _num_sms(x.device), x.dtype), **(config or {})}
+    plan = _plan(M, N, K, group_size, x.dtype, x.device, cfg)
+    if config is None:
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #a137b912
+def _launch_w4(plan, x2, qweight, scales, zeros, bias, group_size) -> torch.Tensor:
+    "`x2 @ W.T (+ bias)` by the plan's kernel; with split K, the slices' float32 sums added in order."
     path, grid, kps, splits, consts, opts = plan
-    if perm is not None:
-        x2 = x2.index_select(1, perm.long())
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    if M == 0 or N == 0:
-        return x2.new_empty(M, N).reshape(*x.shape[:-1], N)
+    (M, K), N = x2.shape, qweight.shape[0]
     G = K // group_size
-    if path == "dequant":  # many rows: a 16-bit weight once, then the 16-bit GEMM
-        w = torch.empty(N, K, dtype=x.dtype, device=x.device)
-        _w4_dequant_kernel[grid](qweight, scales, zeros, w, N, K, G, group_size, **consts, **opts)
-        return F.linear(x2, w, bias).reshape(*x.shape[:-1], N)
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    part = out if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+    out = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
+    part = out if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x2.device)
     b = bias if bias is not None else out
     kernel, qw = {
         "gemv": (_w4_gemv_kernel, qweight),
@@ -656,4 +724,30 @@ def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=Non
         _split_sum_kernel[(triton.cdiv(M * N, 1024),)](
             part, b, out, M * N, N, splits, HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4
         )
-    return out.reshape(*x.shape[:-1], N)
+    return out
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #afc11c47
+def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=None, config: dict | None = None):
+    """`x @ W.T (+ bias)` for a 4-bit weight in the kernel layout, by the Triton kernels; `config` replaces the
+    launch rule."""
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    M, N = x2.shape[0], qweight.shape[0]
+    s, z = scales, zeros
+    key = (M, N, K, qweight.shape[1], group_size, x.dtype, s.shape, s.dtype, z.shape, z.dtype, bias is None, x.device)
+    plan = _PLANS.get(key) if config is None else None
+    if plan is None:
+        plan = _new_plan(key, x, qweight, scales, zeros, group_size, bias, config)
+    if perm is not None:
+        x2 = x2.index_select(1, perm.long())
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if M == 0 or N == 0:
+        return x2.new_empty(M, N).reshape(*x.shape[:-1], N)
+    path, grid, _, _, consts, opts = plan
+    if path == "dequant":  # many rows: a 16-bit weight once, then the 16-bit GEMM
+        w = torch.empty(N, K, dtype=x.dtype, device=x.device)
+        _w4_dequant_kernel[grid](qweight, scales, zeros, w, N, K, K // group_size, group_size, **consts, **opts)
+        return F.linear(x2, w, bias).reshape(*x.shape[:-1], N)
+    return _launch_w4(plan, x2, qweight, scales, zeros, bias, group_size).reshape(*x.shape[:-1], N)
