@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from .async_engine import RequestError
 from .sampling import SamplingParams
 from .structured_outputs import StructuredOutputsParams
+from .utils import patch
 
 
 # %% ../nbs/15_server.ipynb #32c15c62
@@ -85,44 +86,27 @@ class APIError(Exception):
         self, message: str, status: int = 400, type: str = "invalid_request_error", param=None, code=None, headers=None
     ):
         super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code, self.headers = (
-            message,
-            status,
-            type,
-            param,
-            code,
-            headers,
-        )
+        self.message, self.status, self.type = message, status, type
+        self.param, self.code, self.headers = param, code, headers
         self.counted = False  # already counted in the metrics
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+# %% ../nbs/15_server.ipynb #2c160ca5
+_PARAM_FIELDS = (
+    "max_tokens min_tokens temperature top_p top_k min_p repetition_penalty presence_penalty frequency_penalty "
+    "logprobs stop_token_ids stop n seed logit_bias"
+).split()
+
+
+# %% ../nbs/15_server.ipynb #ed3d8dad
 def _param_of(msg: str):
     "Guess which request field a validation message is about (`SamplingParams` names the field first)."
     if msg.startswith("structured_outputs"):
         return "response_format"
-    for p in (
-        "max_tokens",
-        "min_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "logprobs",
-        "stop_token_ids",
-        "stop",
-        "n",
-        "seed",
-        "logit_bias",
-    ):
-        if msg.startswith(p + " "):
-            return p
-    return None
+    return next((p for p in _PARAM_FIELDS if msg.startswith(p + " ")), None)
 
 
 # %% ../nbs/15_server.ipynb #15a30002
@@ -135,11 +119,13 @@ class ServerLimits:
     prompt_chars_slack: int = 4  # see above
 
 
+# %% ../nbs/15_server.ipynb #841637ff
 def max_token_chars(tokenizer) -> int:
     "The longest token of `tokenizer`'s vocabulary, in characters (byte-level vocabularies: one per byte)."
     return max(map(len, tokenizer.get_vocab()), default=1) if tokenizer is not None else 1
 
 
+# %% ../nbs/15_server.ipynb #31256c6c
 def check_chars(n_chars: int, max_model_len: int, token_chars: int, limits: ServerLimits, param="prompt"):
     "400 if a text of `n_chars` characters must hold more tokens than the context: decided without tokenizing it."
     if n_chars > limits.prompt_chars_slack * token_chars * max_model_len:
@@ -152,13 +138,12 @@ def check_chars(n_chars: int, max_model_len: int, token_chars: int, limits: Serv
 
 
 # %% ../nbs/15_server.ipynb #da161e44
-@functools.cache
-def schemas():
-    "The request models: `CompletionRequest`, `ChatRequest`, `TokenizeRequest`, `DetokenizeRequest`."
+def _request_options():
+    "`StreamOptions`, `JSONSchema` and `ResponseFormat`: the small objects inside a generation request."
     from types import SimpleNamespace
     from typing import Literal
 
-    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+    from pydantic import BaseModel, Field, StrictBool, StrictStr
 
     class StreamOptions(BaseModel):
         include_usage: StrictBool = False
@@ -173,6 +158,14 @@ def schemas():
         type: Literal["text", "json_object", "json_schema"]
         json_schema: JSONSchema | None = None
 
+    return SimpleNamespace(StreamOptions=StreamOptions, JSONSchema=JSONSchema, ResponseFormat=ResponseFormat)
+
+
+# %% ../nbs/15_server.ipynb #61b6e54f
+def _common_request(o):
+    "The base of `CompletionRequest` and `ChatRequest`; `o` holds the option models."
+    from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+
     class Common(BaseModel):
         model_config = ConfigDict(extra="ignore")
         model: StrictStr
@@ -185,7 +178,7 @@ def schemas():
         presence_penalty: float = 0.0
         frequency_penalty: float = 0.0
         stream: StrictBool = False
-        stream_options: StreamOptions | None = None
+        stream_options: o.StreamOptions | None = None
         top_k: StrictInt = -1
         min_p: float = 0.0
         repetition_penalty: float = 1.0
@@ -193,26 +186,22 @@ def schemas():
         min_tokens: StrictInt = 0
         stop_token_ids: list[StrictInt] | None = None
         logit_bias: dict[str, float] | None = None
-        response_format: ResponseFormat | None = None
+        response_format: o.ResponseFormat | None = None
         guided_json: dict | StrictStr | None = None
         guided_regex: StrictStr | None = None
         guided_choice: list[StrictStr] | None = None
         user: StrictStr | None = None
 
-    class CompletionRequest(Common):
-        prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
-        logprobs: StrictInt | None = None
-        echo: StrictBool = False
-        best_of: StrictInt | None = None
+    return Common
 
-    class ImageURL(BaseModel):
-        url: StrictStr
-        detail: StrictStr | None = None
 
-    class ContentPart(BaseModel):
-        type: Literal["text", "image_url"]
-        text: StrictStr | None = None
-        image_url: ImageURL | None = None
+# %% ../nbs/15_server.ipynb #e811d7a3
+def _tool_models():
+    "`Tool`, `NamedToolChoice` and `ToolCall` (an assistant's earlier call)."
+    from types import SimpleNamespace
+    from typing import Literal
+
+    from pydantic import BaseModel, Field, StrictBool, StrictStr
 
     class FunctionDef(BaseModel):
         name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
@@ -240,22 +229,40 @@ def schemas():
         type: Literal["function"] = "function"
         function: CalledFunction
 
+    return SimpleNamespace(Tool=Tool, NamedToolChoice=NamedToolChoice, ToolCall=ToolCall)
+
+
+# %% ../nbs/15_server.ipynb #741a18f2
+def _message_model(t):
+    "A chat `Message`: text or text-and-image parts; `t` holds the tool models."
+    from typing import Literal
+
+    from pydantic import BaseModel, ConfigDict, StrictStr
+
+    class ImageURL(BaseModel):
+        url: StrictStr
+        detail: StrictStr | None = None
+
+    class ContentPart(BaseModel):
+        type: Literal["text", "image_url"]
+        text: StrictStr | None = None
+        image_url: ImageURL | None = None
+
     class Message(BaseModel):
         model_config = ConfigDict(extra="ignore")
         role: Literal["system", "developer", "user", "assistant", "tool"]
         content: StrictStr | list[ContentPart] | None = None
         name: StrictStr | None = None
-        tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+        tool_calls: list[t.ToolCall] | None = None  # an assistant's earlier calls
         tool_call_id: StrictStr | None = None  # a tool message: which call it answers
 
-    class ChatRequest(Common):
-        messages: list[Message] = Field(min_length=1)
-        max_completion_tokens: StrictInt | None = None
-        logprobs: StrictBool = False
-        top_logprobs: StrictInt | None = None
-        tools: list[Tool] | None = None
-        tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-        parallel_tool_calls: StrictBool = True
+    return Message
+
+
+# %% ../nbs/15_server.ipynb #314e062c
+def _token_requests(Message):
+    "`TokenizeRequest` and `DetokenizeRequest`."
+    from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 
     class TokenizeRequest(BaseModel):
         model: StrictStr | None = None
@@ -267,23 +274,50 @@ def schemas():
         model: StrictStr | None = None
         tokens: list[StrictInt]
 
+    return TokenizeRequest, DetokenizeRequest
+
+
+# %% ../nbs/15_server.ipynb #c3b6e622
+@functools.cache
+def schemas():
+    "The request models: `CompletionRequest`, `ChatRequest`, `TokenizeRequest`, `DetokenizeRequest`."
+    from types import SimpleNamespace
+    from typing import Literal
+
+    from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+    Common, t = _common_request(_request_options()), _tool_models()
+    Message = _message_model(t)
+
+    class CompletionRequest(Common):
+        prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+        logprobs: StrictInt | None = None
+        echo: StrictBool = False
+        best_of: StrictInt | None = None
+
+    class ChatRequest(Common):
+        messages: list[Message] = Field(min_length=1)
+        max_completion_tokens: StrictInt | None = None
+        logprobs: StrictBool = False
+        top_logprobs: StrictInt | None = None
+        tools: list[t.Tool] | None = None
+        tool_choice: Literal["none", "auto", "required"] | t.NamedToolChoice | None = None
+        parallel_tool_calls: StrictBool = True
+
+    TokenizeRequest, DetokenizeRequest = _token_requests(Message)
     return SimpleNamespace(
         CompletionRequest=CompletionRequest,
         ChatRequest=ChatRequest,
         Message=Message,
-        Tool=Tool,
+        Tool=t.Tool,
         TokenizeRequest=TokenizeRequest,
         DetokenizeRequest=DetokenizeRequest,
     )
 
 
 # %% ../nbs/15_server.ipynb #15a40002
-@functools.cache
-def response_schemas():
-    "The response models, for `/openapi.json`: completions, chat completions, errors, models, health, tokenize."
-    from types import SimpleNamespace
-    from typing import Literal
-
+def _error_models():
+    "`ErrorResponse`: OpenAI's error body."
     from pydantic import BaseModel
 
     class ErrorBody(BaseModel):
@@ -295,10 +329,27 @@ def response_schemas():
     class ErrorResponse(BaseModel):
         error: ErrorBody
 
+    return ErrorResponse
+
+
+# %% ../nbs/15_server.ipynb #1a655a02
+def _usage_model():
+    from pydantic import BaseModel
+
     class Usage(BaseModel):
         prompt_tokens: int
         completion_tokens: int
         total_tokens: int
+
+    return Usage
+
+
+# %% ../nbs/15_server.ipynb #1a46d6cd
+def _completion_response(Usage):
+    "`CompletionResponse`, with the legacy logprobs format."
+    from typing import Literal
+
+    from pydantic import BaseModel
 
     class CompletionLogprobs(BaseModel):
         tokens: list[str]
@@ -320,6 +371,14 @@ def response_schemas():
         choices: list[CompletionChoice]
         usage: Usage | None = None
 
+    return CompletionResponse
+
+
+# %% ../nbs/15_server.ipynb #d91ed964
+def _chat_logprobs_model():
+    "`ChoiceLogprobs`: chat's per-token records."
+    from pydantic import BaseModel
+
     class TopLogprob(BaseModel):
         token: str
         logprob: float
@@ -330,6 +389,16 @@ def response_schemas():
 
     class ChoiceLogprobs(BaseModel):
         content: list[TokenLogprob] | None
+
+    return ChoiceLogprobs
+
+
+# %% ../nbs/15_server.ipynb #c942ac4f
+def _assistant_message_model():
+    "`AssistantMessage`: a reply, its tool calls included."
+    from typing import Literal
+
+    from pydantic import BaseModel
 
     class CalledFunction(BaseModel):
         name: str
@@ -345,6 +414,18 @@ def response_schemas():
         content: str | None
         tool_calls: list[ToolCall] | None = None
 
+    return AssistantMessage
+
+
+# %% ../nbs/15_server.ipynb #901b9784
+def _chat_response(Usage):
+    "`ChatCompletionResponse`."
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    ChoiceLogprobs, AssistantMessage = _chat_logprobs_model(), _assistant_message_model()
+
     class ChatChoice(BaseModel):
         index: int
         message: AssistantMessage
@@ -358,6 +439,16 @@ def response_schemas():
         model: str
         choices: list[ChatChoice]
         usage: Usage
+
+    return ChatCompletionResponse
+
+
+# %% ../nbs/15_server.ipynb #45cc1095
+def _info_models():
+    "`ModelList`, `Health`, `TokenizeResponse`, `DetokenizeResponse`: the answers that are not generations."
+    from typing import Literal
+
+    from pydantic import BaseModel
 
     class ModelCard(BaseModel):
         id: str
@@ -385,20 +476,18 @@ def response_schemas():
     class DetokenizeResponse(BaseModel):
         prompt: str
 
-    return SimpleNamespace(
-        **{
-            m.__name__: m
-            for m in (
-                ErrorResponse,
-                CompletionResponse,
-                ChatCompletionResponse,
-                ModelList,
-                Health,
-                TokenizeResponse,
-                DetokenizeResponse,
-            )
-        }
-    )
+    return ModelList, Health, TokenizeResponse, DetokenizeResponse
+
+
+# %% ../nbs/15_server.ipynb #2ab6b1f5
+@functools.cache
+def response_schemas():
+    "The response models, for `/openapi.json`: completions, chat completions, errors, models, health, tokenize."
+    from types import SimpleNamespace
+
+    Usage = _usage_model()
+    models = (_error_models(), _completion_response(Usage), _chat_response(Usage), *_info_models())
+    return SimpleNamespace(**{m.__name__: m for m in models})
 
 
 # %% ../nbs/15_server.ipynb #15a40003
@@ -413,29 +502,21 @@ _ERRORS = {
 }
 
 
-def openapi_spec(app) -> dict:
-    """`app`'s OpenAPI document with every request body and response declared: FastAPI sees no body (we parse by
-    hand), so the models are added here, once."""
-    from fastapi.openapi.utils import get_openapi
-    from pydantic.json_schema import models_json_schema
+# %% ../nbs/15_server.ipynb #5eddca8d
+def _ref(m) -> dict:
+    return {"$ref": f"#/components/schemas/{m.__name__}"}
 
-    S, R = schemas(), response_schemas()
-    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    models = [
-        (m, "validation") for m in (S.CompletionRequest, S.ChatRequest, S.TokenizeRequest, S.DetokenizeRequest)
-    ] + [(m, "serialization") for m in vars(R).values()]
-    _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
-    spec.setdefault("components", {})["schemas"] = defs = defs.get("$defs", {})
-    served = getattr(getattr(app.state, "litellama", None), "model_name", None)
-    for name in ("CompletionRequest", "ChatRequest"):  # the one model name that is not a 404
-        if served:
-            defs[name]["properties"]["model"] = {"type": "string", "enum": [served], "title": "Model"}
-    ref = lambda m: {"$ref": f"#/components/schemas/{m.__name__}"}
-    err = lambda codes: {
-        str(c): {"description": _ERRORS[c], "content": {"application/json": {"schema": ref(R.ErrorResponse)}}}
-        for c in codes
-    }
-    routes = {
+
+def _error_responses(codes, R) -> dict:
+    "The declared answers for the error `codes`: OpenAI's error body."
+    json_ = {"application/json": {"schema": _ref(R.ErrorResponse)}}
+    return {str(c): {"description": _ERRORS[c], "content": json_} for c in codes}
+
+
+# %% ../nbs/15_server.ipynb #b3d64569
+def _openapi_routes(S, R) -> dict:
+    "`(method, path)` -> `(request model, response model, streams)` of the routes to declare."
+    return {
         ("post", "/v1/completions"): (S.CompletionRequest, R.CompletionResponse, True),
         ("post", "/v1/chat/completions"): (S.ChatRequest, R.ChatCompletionResponse, True),
         ("post", "/tokenize"): (S.TokenizeRequest, R.TokenizeResponse, False),
@@ -443,25 +524,56 @@ def openapi_spec(app) -> dict:
         ("get", "/v1/models"): (None, R.ModelList, False),
         ("get", "/health"): (None, R.Health, False),
     }
+
+
+# %% ../nbs/15_server.ipynb #7cb66fb0
+def _component_schemas(app, S, R) -> dict:
+    "Every model as a JSON-schema component; `model` may only be the served name (the one that is not a 404)."
+    from pydantic.json_schema import models_json_schema
+
+    requests = (S.CompletionRequest, S.ChatRequest, S.TokenizeRequest, S.DetokenizeRequest)
+    models = [(m, "validation") for m in requests] + [(m, "serialization") for m in vars(R).values()]
+    _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    defs = defs.get("$defs", {})
+    served = getattr(getattr(app.state, "litellama", None), "model_name", None)
+    for name in ("CompletionRequest", "ChatRequest"):
+        if served:
+            defs[name]["properties"]["model"] = {"type": "string", "enum": [served], "title": "Model"}
+    return defs
+
+
+# %% ../nbs/15_server.ipynb #5a138e41
+def _declare_route(op: dict, path: str, req, res, streams: bool, auth: list, R):
+    "Fill one operation `op` of the OpenAPI document: its request body and its answers."
+    ok = {"application/json": {"schema": _ref(res)}}
+    if streams:
+        ok["text/event-stream"] = {
+            "schema": {"description": "server-sent events (`stream: true`): chunks, then `data: [DONE]`"}
+        }
+    op["responses"] = {"200": {"description": "OK", "content": ok}}
+    if path == "/health":
+        op["responses"]["503"] = {
+            "description": "The engine is stopped",
+            "content": {"application/json": {"schema": _ref(res)}},
+        }
+    else:
+        op["responses"].update(_error_responses(auth + [405, 500], R))
+    if req is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(req)}}}
+        op["responses"].update(_error_responses([400, 404, 413, 415] if path.startswith("/v1") else [400, 413, 415], R))
+
+
+# %% ../nbs/15_server.ipynb #ef64270e
+def openapi_spec(app) -> dict:
+    "`app`'s OpenAPI document with every request body and response declared."
+    from fastapi.openapi.utils import get_openapi
+
+    S, R = schemas(), response_schemas()
+    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    spec.setdefault("components", {})["schemas"] = _component_schemas(app, S, R)
     auth = [401] if any(getattr(m.cls, "__name__", "") == "BearerAuth" for m in app.user_middleware) else []
-    for (method, path), (req, res, streams) in routes.items():
-        op = spec["paths"][path][method]
-        ok = {"application/json": {"schema": ref(res)}}
-        if streams:
-            ok["text/event-stream"] = {
-                "schema": {"description": "server-sent events (`stream: true`): chunks, then `data: [DONE]`"}
-            }
-        op["responses"] = {"200": {"description": "OK", "content": ok}}
-        if path == "/health":
-            op["responses"]["503"] = {
-                "description": "The engine is stopped",
-                "content": {"application/json": {"schema": ref(res)}},
-            }
-        else:
-            op["responses"].update(err(auth + [405, 500]))
-        if req is not None:
-            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref(req)}}}
-            op["responses"].update(err([400, 404, 413, 415] if path.startswith("/v1") else [400, 413, 415]))
+    for (method, path), (req, res, streams) in _openapi_routes(S, R).items():
+        _declare_route(spec["paths"][path][method], path, req, res, streams, auth, R)
     spec["paths"]["/metrics"]["get"]["responses"] = {
         "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
     }
@@ -469,8 +581,8 @@ def openapi_spec(app) -> dict:
 
 
 # %% ../nbs/15_server.ipynb #79e23d1c
-def structured_outputs(req) -> StructuredOutputsParams | None:
-    "OpenAI's `response_format` (or vLLM's `guided_json` / `guided_regex` / `guided_choice`) as `StructuredOutputsParams`."
+def _asked_grammar(req) -> dict:
+    "The structured-output fields a request set, as `StructuredOutputsParams` keywords."
     rf, asked = req.response_format, {}
     if rf is not None and rf.type == "json_object":
         asked["json_object"] = True
@@ -481,6 +593,13 @@ def structured_outputs(req) -> StructuredOutputsParams | None:
     for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice")):
         if getattr(req, name) is not None:
             asked[key] = getattr(req, name)
+    return asked
+
+
+# %% ../nbs/15_server.ipynb #15520b7b
+def structured_outputs(req) -> StructuredOutputsParams | None:
+    "OpenAI's `response_format` (or vLLM's `guided_json` / `guided_regex` / `guided_choice`) as `StructuredOutputsParams`."
+    asked = _asked_grammar(req)
     if not asked:
         return None
     if len(asked) > 1:
@@ -491,20 +610,20 @@ def structured_outputs(req) -> StructuredOutputsParams | None:
         raise APIError(str(e), param="response_format") from None
 
 
-def sampling_params(
-    req,
-    default_max_tokens=None,
-    logprobs=None,
-    limits: ServerLimits | None = None,
-    tool_grammar: StructuredOutputsParams | None = None,
-) -> SamplingParams:
-    "Build `SamplingParams` from a completion or chat request; bad values raise `APIError` (400). `tool_grammar`: a forced tool call's."
-    limits = limits or ServerLimits()
+# %% ../nbs/15_server.ipynb #c5fb652b
+def _max_tokens(req, default_max_tokens):
+    "The token budget a request asks for (`default_max_tokens` if it names none)."
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
     if max_tokens is None:
         max_tokens = default_max_tokens
     if max_tokens is not None and max_tokens <= 0:
         raise APIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    return max_tokens
+
+
+# %% ../nbs/15_server.ipynb #582ad693
+def _check_fanout(req, limits: ServerLimits):
+    "400 for more completions than `limits` allow, a `best_of` we cannot honour, or `stream_options` without a stream."
     if req.n > limits.max_n:
         raise APIError(f"n must be at most {limits.max_n}, got {req.n}", param="n")
     best_of = getattr(req, "best_of", None)
@@ -515,15 +634,37 @@ def sampling_params(
         )
     if req.stream_options is not None and not req.stream:
         raise APIError("stream_options is only allowed when stream is true", param="stream_options")
+
+
+# %% ../nbs/15_server.ipynb #1e67720b
+def _grammar_of(req, tool_grammar):
+    "The one grammar a reply follows: the request's own, or a forced tool call's; never both."
     so = structured_outputs(req)
-    if tool_grammar is not None:
-        if so is not None:
-            raise APIError(
-                "a forced tool call (tool_choice required or a named function) cannot be combined with "
-                "response_format or guided decoding",
-                param="tool_choice",
-            )
-        so = tool_grammar
+    if tool_grammar is None:
+        return so
+    if so is not None:
+        raise APIError(
+            "a forced tool call (tool_choice required or a named function) cannot be combined with "
+            "response_format or guided decoding",
+            param="tool_choice",
+        )
+    return tool_grammar
+
+
+# %% ../nbs/15_server.ipynb #9d1925a0
+def sampling_params(
+    req,
+    default_max_tokens=None,
+    logprobs=None,
+    limits: ServerLimits | None = None,
+    tool_grammar: StructuredOutputsParams | None = None,
+) -> SamplingParams:
+    """Build `SamplingParams` from a completion or chat request; bad values raise `APIError` (400).
+    `tool_grammar`: a forced tool call's."""
+    limits = limits or ServerLimits()
+    max_tokens = _max_tokens(req, default_max_tokens)
+    _check_fanout(req, limits)
+    so = _grammar_of(req, tool_grammar)
     try:
         return SamplingParams(
             n=req.n,
@@ -571,25 +712,30 @@ def tool_choice_of(req) -> tuple:
     return "named", choice.function.name
 
 
+# %% ../nbs/15_server.ipynb #16a9a7b6
 def _arguments_schema(tool) -> dict:
     return tool.function.parameters if tool.function.parameters is not None else {"type": "object", "properties": {}}
 
 
+# %% ../nbs/15_server.ipynb #b48f5211
+def _one_call_schema(tool) -> dict:
+    "The schema of one `{name, parameters}` entry of a `required` reply."
+    return {
+        "type": "object",
+        "properties": {"name": {"type": "string", "enum": [tool.function.name]}, "parameters": _arguments_schema(tool)},
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+
+
+# %% ../nbs/15_server.ipynb #d27ae81d
 def tool_call_schema(tools, mode: str, name: str | None = None, parallel: bool = True) -> dict | None:
     "The JSON schema a forced call's output follows (None for `none` and `auto`, which are not forced)."
     if mode == "named":
         return _arguments_schema(next(t for t in tools if t.function.name == name))
     if mode != "required":
         return None
-    one = [
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string", "enum": [t.function.name]}, "parameters": _arguments_schema(t)},
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
+    one = [_one_call_schema(t) for t in tools]
     return {
         "type": "array",
         "minItems": 1,
@@ -602,65 +748,75 @@ def tool_call_schema(tools, mode: str, name: str | None = None, parallel: bool =
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
 
+# %% ../nbs/15_server.ipynb #7872d45b
 def _held(text: str, tag: str) -> int:
     "How many characters at the end of `text` may be the start of `tag`."
     return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:k])), 0)
 
 
+# %% ../nbs/15_server.ipynb #7f932f13
 class HermesToolParser:
     "Splits a streamed reply into content and `<tool_call>{json}</tool_call>` calls: `feed(delta)`, then `finish()`."
 
     def __init__(self):
         self.buf, self.in_call = "", False
 
-    def _call(self, body: str) -> tuple:
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            obj = None
-        if not (
-            isinstance(obj, dict)
-            and isinstance(obj.get("name"), str)
-            and isinstance(obj.get("arguments", {}), (dict, str))
-        ):
-            return ("content", TOOL_OPEN + body + TOOL_CLOSE)
-        args = obj.get("arguments", {})
-        return (
-            "call",
-            {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
-        )
 
-    def feed(self, text: str) -> list:
-        "Events `('content', text)` and `('call', {name, arguments})` that `text` completes."
-        self.buf += text
-        out = []
-        while True:
-            if not self.in_call:
-                i = self.buf.find(TOOL_OPEN)
-                if i < 0:
-                    k = len(self.buf) - _held(self.buf, TOOL_OPEN)
-                    out.append(("content", self.buf[:k]))
-                    self.buf = self.buf[k:]
-                    break
-                out.append(("content", self.buf[:i]))
-                self.buf, self.in_call = self.buf[i + len(TOOL_OPEN) :], True
-            else:
-                j = self.buf.find(TOOL_CLOSE)
-                if j < 0:
-                    break
-                out.append(self._call(self.buf[:j].strip()))
-                self.buf, self.in_call = self.buf[j + len(TOOL_CLOSE) :], False
-        return [e for e in out if e[1]]
+# %% ../nbs/15_server.ipynb #b8c219db
+@patch
+def _call(self: HermesToolParser, body: str) -> tuple:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if not (
+        isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments", {}), (dict, str))
+    ):
+        return ("content", TOOL_OPEN + body + TOOL_CLOSE)
+    args = obj.get("arguments", {})
+    return (
+        "call",
+        {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
+    )
 
-    def finish(self) -> list:
-        "What is left at the end: an unclosed call is still a call if it parses."
-        buf, self.buf = self.buf, ""
+
+# %% ../nbs/15_server.ipynb #523e44c2
+@patch
+def feed(self: HermesToolParser, text: str) -> list:
+    "Events `('content', text)` and `('call', {name, arguments})` that `text` completes."
+    self.buf += text
+    out = []
+    while True:
         if not self.in_call:
-            return [("content", buf)] if buf else []
-        ev = self._call(buf.strip())
-        return [ev if ev[0] == "call" else ("content", TOOL_OPEN + buf)]
+            i = self.buf.find(TOOL_OPEN)
+            if i < 0:
+                k = len(self.buf) - _held(self.buf, TOOL_OPEN)
+                out.append(("content", self.buf[:k]))
+                self.buf = self.buf[k:]
+                break
+            out.append(("content", self.buf[:i]))
+            self.buf, self.in_call = self.buf[i + len(TOOL_OPEN) :], True
+        else:
+            j = self.buf.find(TOOL_CLOSE)
+            if j < 0:
+                break
+            out.append(self._call(self.buf[:j].strip()))
+            self.buf, self.in_call = self.buf[j + len(TOOL_CLOSE) :], False
+    return [e for e in out if e[1]]
 
 
+# %% ../nbs/15_server.ipynb #6325fdd9
+@patch
+def finish(self: HermesToolParser) -> list:
+    "What is left at the end: an unclosed call is still a call if it parses."
+    buf, self.buf = self.buf, ""
+    if not self.in_call:
+        return [("content", buf)] if buf else []
+    ev = self._call(buf.strip())
+    return [ev if ev[0] == "call" else ("content", TOOL_OPEN + buf)]
+
+
+# %% ../nbs/15_server.ipynb #52d19a3f
 def parse_tool_calls(text: str) -> tuple:
     "`(content, calls)` of a whole Hermes-style reply."
     p = HermesToolParser()
@@ -674,6 +830,7 @@ def _content(m) -> str:
     return "" if c is None else c if isinstance(c, str) else "".join(p.text or "" for p in c)
 
 
+# %% ../nbs/15_server.ipynb #fcc9430f
 def _arguments(text: str):
     "A call's `arguments` as templates want them: the object its JSON text holds (the text itself if it is not JSON)."
     try:
@@ -682,6 +839,7 @@ def _arguments(text: str):
         return text
 
 
+# %% ../nbs/15_server.ipynb #8183584f
 def _message(m) -> dict:
     "One chat message as the template takes it (`developer` is treated as `system`), earlier tool calls included."
     d = {"role": "system" if m.role == "developer" else m.role, "content": _content(m)}
@@ -701,14 +859,16 @@ def _message(m) -> dict:
     return d
 
 
+# %% ../nbs/15_server.ipynb #6e9d4cb1
 def template_has_tools(tokenizer) -> bool:
     "Does the chat template use a `tools` argument?"
     return "tools" in str(getattr(tokenizer, "chat_template", None) or "")
 
 
+# %% ../nbs/15_server.ipynb #7e3fbf52
 def with_tools(tokenizer, msgs: list, tools) -> tuple:
-    """`(msgs, template kwargs)` offering `tools`: through the template's own `tools` argument, or for a template without
-    one as a system message listing the functions and their schemas."""
+    """`(msgs, template kwargs)` offering `tools`: through the template's own `tools` argument, or for a template
+    without one as a system message listing the functions and their schemas."""
     if not tools:
         return msgs, {}
     specs = [t.model_dump(exclude_none=True) for t in tools]
@@ -722,6 +882,7 @@ def with_tools(tokenizer, msgs: list, tools) -> tuple:
     return [{"role": "system", "content": text}, *msgs], {}
 
 
+# %% ../nbs/15_server.ipynb #819228cb
 def chat_prompt(tokenizer, messages, add_generation_prompt=True, tools=None) -> str:
     "The prompt text for a list of chat messages, offering `tools` (pydantic `Tool`s) if given."
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -733,6 +894,7 @@ def chat_prompt(tokenizer, messages, add_generation_prompt=True, tools=None) -> 
         raise APIError(f"could not apply the chat template: {e}", param="messages") from None
 
 
+# %% ../nbs/15_server.ipynb #3e3d1dad
 def prompt_ids(engine, prompt, chat=False) -> list:
     "Token ids of one prompt (text or ids), checked against the vocabulary."
     if chat:
@@ -746,6 +908,7 @@ def prompt_ids(engine, prompt, chat=False) -> list:
     return ids
 
 
+# %% ../nbs/15_server.ipynb #32ecaaae
 def check_length(engine, ids, params: SamplingParams):
     "400 unless the prompt plus `max_tokens` fits the context."
     C = engine.max_model_len
@@ -764,6 +927,7 @@ def check_length(engine, ids, params: SamplingParams):
         )
 
 
+# %% ../nbs/15_server.ipynb #418d8863
 def split_prompts(prompt) -> list:
     "A completion's `prompt` field as a list of single prompts."
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
