@@ -17,6 +17,7 @@ import uuid
 import numpy as np
 import torch
 
+# %% ../nbs/13_async.ipynb #253c13a8
 from .attention import build_model_input
 from .engine import ContinuousBatchingEngine, StepOutput
 from .kv_cache import Sequence
@@ -34,11 +35,16 @@ class AsyncLLMEngine:
         self._thread, self._loop, self._stopping, self.error = None, None, False, None
         self._scores = []  # prompt-logprob jobs waiting for free KV blocks
 
-    async def __aenter__(self):
-        return await self.start()
 
-    async def __aexit__(self, *exc):
-        await self.shutdown()
+# %% ../nbs/13_async.ipynb #8704b809
+@patch
+async def __aenter__(self: AsyncLLMEngine):
+    return await self.start()
+
+
+@patch
+async def __aexit__(self: AsyncLLMEngine, *exc):
+    await self.shutdown()
 
 
 # %% ../nbs/13_async.ipynb #f5aff712
@@ -141,12 +147,11 @@ def _stop_all(self: AsyncLLMEngine):
 @patch
 def _fail_step(self: AsyncLLMEngine, e: Exception):
     "A step raised: every request in it fails with `e`, and the engine goes on."
-    eng = self.engine
     self.error = e
-    for r in list(eng.requests):
-        eng.abort_request(r)
+    for r in list(self.engine.requests):
+        self.engine.abort_request(r)
         self._push(r, e)
-    eng.step()
+    self.engine.step()
 
 
 # %% ../nbs/13_async.ipynb #59393c2e
@@ -225,6 +230,16 @@ class RequestError(RuntimeError):
     "This request (and only it) failed inside an engine step; the others in the batch went on."
 
 
+# %% ../nbs/13_async.ipynb #495557d0
+@patch
+async def _ready(self: AsyncLLMEngine):
+    "Start the engine thread if it is not running; refuse new work once it is shutting down."
+    if self._thread is None:
+        await self.start()
+    if self._stopping:
+        raise RuntimeError("the engine is shutting down")
+
+
 # %% ../nbs/13_async.ipynb #fd1ce482
 _NOTHING = object()  # no output held back
 
@@ -233,10 +248,7 @@ _NOTHING = object()  # no output held back
 @patch
 async def generate(self: AsyncLLMEngine, prompt, params: SamplingParams | None = None, request_id: str | None = None):
     "Stream the `StepOutput`s of one request; leaving the loop early (or being cancelled) aborts it."
-    if self._thread is None:
-        await self.start()
-    if self._stopping:
-        raise RuntimeError("the engine is shutting down")
+    await self._ready()
     params = params or SamplingParams()
     rid = request_id or uuid.uuid4().hex
     stream = self._streams[rid] = asyncio.Queue()
@@ -336,10 +348,7 @@ def prompt_logprobs(engine, ids: list, num_logprobs: int = 0, chunk: int = 512) 
 # %% ../nbs/13_async.ipynb #4344fda6
 async def _prompt_logprobs(self, ids: list, num_logprobs: int = 0) -> list:
     "`prompt_logprobs` of `ids`, computed on the engine thread between steps."
-    if self._thread is None:
-        await self.start()
-    if self._stopping:
-        raise RuntimeError("the engine is shutting down")
+    await self._ready()
     fut = asyncio.get_running_loop().create_future()
     self._commands.put(("score", None, (list(ids), num_logprobs, fut)))
     return await fut

@@ -48,6 +48,7 @@ __all__ = [
 # %% ../nbs/15_server.ipynb #3d1376f5
 import asyncio
 import functools
+import importlib
 import json
 import math
 import random
@@ -59,6 +60,7 @@ import uuid
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+# %% ../nbs/15_server.ipynb #ae6553f9
 from .async_engine import RequestError
 from .sampling import SamplingParams
 from .structured_outputs import StructuredOutputsParams
@@ -68,15 +70,11 @@ from .utils import patch
 # %% ../nbs/15_server.ipynb #32c15c62
 def _need(name: str):
     "Import `name`, or explain how to get it."
-    import importlib
-
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        raise ImportError(
-            f"the litellama server needs `{name}` ({e}): pip install 'litellama[serve]' "
-            "(fastapi, uvicorn, prometheus-client)"
-        ) from e
+        extra = "pip install 'litellama[serve]' (fastapi, uvicorn, prometheus-client)"
+        raise ImportError(f"the litellama server needs `{name}` ({e}): {extra}") from e
 
 
 # %% ../nbs/15_server.ipynb #6e389d76
@@ -91,8 +89,12 @@ class APIError(Exception):
         self.param, self.code, self.headers = param, code, headers
         self.counted = False  # already counted in the metrics
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+# %% ../nbs/15_server.ipynb #57708996
+@patch
+def body(self: APIError) -> dict:
+    "The JSON OpenAI's clients expect."
+    return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 # %% ../nbs/15_server.ipynb #2c160ca5
@@ -130,12 +132,9 @@ def max_token_chars(tokenizer) -> int:
 def check_chars(n_chars: int, max_model_len: int, token_chars: int, limits: ServerLimits, param="prompt"):
     "400 if a text of `n_chars` characters must hold more tokens than the context: decided without tokenizing it."
     if n_chars > limits.prompt_chars_slack * token_chars * max_model_len:
-        raise APIError(
-            f"This model's maximum context length is {max_model_len} tokens; the prompt has {n_chars} characters, "
-            f"far more than {max_model_len} tokens can hold.",
-            param=param,
-            code="context_length_exceeded",
-        )
+        msg = f"the prompt has {n_chars} characters, far more than {max_model_len} tokens can hold."
+        msg = f"This model's maximum context length is {max_model_len} tokens; {msg}"
+        raise APIError(msg, param=param, code="context_length_exceeded")
 
 
 # %% ../nbs/15_server.ipynb #da161e44
@@ -1072,8 +1071,12 @@ class ServerMetrics:
         self.e2e = hist("litellama_e2e_request_latency_seconds", "End-to-end request latency", _LATENCY_BUCKETS)
         r.register(_EngineCollector(async_engine))
 
-    def render(self) -> bytes:
-        return _need("prometheus_client").generate_latest(self.registry)
+
+# %% ../nbs/15_server.ipynb #d36d9000
+@patch
+def render(self: ServerMetrics) -> bytes:
+    "The metrics in Prometheus' text format."
+    return _need("prometheus_client").generate_latest(self.registry)
 
 
 # %% ../nbs/15_server.ipynb #8e7b5c93
@@ -1083,26 +1086,29 @@ class _EngineCollector:
     def __init__(self, async_engine):
         self.async_engine = async_engine
 
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        s = self.async_engine.stats
-        g = lambda n, d, v: GaugeMetricFamily(n, d, value=v)
-        yield g("litellama_num_requests_running", "Sequences running in the engine", s.num_running)
-        yield g("litellama_num_requests_waiting", "Sequences waiting in the engine", s.num_waiting)
-        yield g("litellama_kv_cache_free_blocks", "Free KV-cache blocks", s.num_free_blocks)
-        yield g("litellama_kv_cache_total_blocks", "KV-cache blocks in all", s.num_total_blocks)
-        yield g(
-            "litellama_kv_cache_usage_ratio",
-            "Fraction of KV-cache blocks in use",
-            1 - s.num_free_blocks / max(s.num_total_blocks, 1),
-        )
-        yield CounterMetricFamily(
-            "litellama_prefix_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache",
-            value=s.prefix_cache_hit_tokens,
-        )
-        yield CounterMetricFamily("litellama_num_preemptions", "Sequences preempted", value=s.num_preemptions)
+# %% ../nbs/15_server.ipynb #999e3f1a
+@patch
+def collect(self: _EngineCollector):
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    s = self.async_engine.stats
+    g = lambda n, d, v: GaugeMetricFamily(n, d, value=v)
+    yield g("litellama_num_requests_running", "Sequences running in the engine", s.num_running)
+    yield g("litellama_num_requests_waiting", "Sequences waiting in the engine", s.num_waiting)
+    yield g("litellama_kv_cache_free_blocks", "Free KV-cache blocks", s.num_free_blocks)
+    yield g("litellama_kv_cache_total_blocks", "KV-cache blocks in all", s.num_total_blocks)
+    yield g(
+        "litellama_kv_cache_usage_ratio",
+        "Fraction of KV-cache blocks in use",
+        1 - s.num_free_blocks / max(s.num_total_blocks, 1),
+    )
+    yield CounterMetricFamily(
+        "litellama_prefix_cache_hit_tokens",
+        "Prompt tokens served from the prefix cache",
+        value=s.prefix_cache_hit_tokens,
+    )
+    yield CounterMetricFamily("litellama_num_preemptions", "Sequences preempted", value=s.num_preemptions)
 
 
 # %% ../nbs/15_server.ipynb #f620843c
@@ -1180,8 +1186,7 @@ def _outcome(self: _Run) -> str:
 def _close(self: _Run, tasks: list):
     "Cancel the pumps, abort the engine requests unless all went well, record the metrics."
     for t in tasks:
-        if not t.done():
-            t.cancel()
+        t.cancel()  # a no-op on a task that is done
     for rid in self.rids:
         self.st.engine.abort(rid) if self.outcome != "success" else None
     self._record()
@@ -1620,8 +1625,7 @@ def _validation_message(errors) -> tuple:
         return "invalid request", None
     e = errors[0]
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-    field = ".".join(loc) or None
-    msg = e.get("msg", "invalid value")
+    field, msg = ".".join(loc) or None, e.get("msg", "invalid value")
     return (f"{field}: {msg}" if field else msg), (loc[0] if loc else None)
 
 
@@ -1783,13 +1787,8 @@ def _add_error_handlers(app):
 # %% ../nbs/15_server.ipynb #2d39ad47
 def _check_model(name: str, served: str):
     if name != served:
-        raise APIError(
-            f"The model `{name}` does not exist; this server serves `{served}`.",
-            404,
-            "invalid_request_error",
-            "model",
-            "model_not_found",
-        )
+        msg = f"The model `{name}` does not exist; this server serves `{served}`."
+        raise APIError(msg, 404, "invalid_request_error", "model", "model_not_found")
 
 
 # %% ../nbs/15_server.ipynb #8f3d167b
@@ -1916,16 +1915,23 @@ SWITCH_INTERVAL_S = 0.001  # how long the engine thread may keep the GIL while t
 
 # %% ../nbs/15_server.ipynb #b47c59bb
 def _quiet_loop():
-    """Keep the event loop's waits short: the engine thread holds the GIL between the device's kernels, and the
-    loop, which needs it for every wake-up, waits up to the switch interval each time (5 ms by default; a /health
-    answer takes several); and freeze what loading made, so that the collector's full passes no longer walk the
-    model's objects."""
+    "Shorten the GIL switch interval (the loop's waits for the engine thread) and freeze what loading made."
     import gc
     import sys
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.collect()
     gc.freeze()
+
+
+# %% ../nbs/15_server.ipynb #eefeabe8
+def _run_uvicorn(uvicorn, app, host: str, port: int):
+    "Serve `app` until SIGTERM or Ctrl-C; a requested shutdown is no error (see above)."
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    stopped = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: stopped.append(s))
+    uvicorn.Server(config).run()
 
 
 # %% ../nbs/15_server.ipynb #b634d486
@@ -1950,11 +1956,7 @@ def serve(
     app = build_app(engine, name, api_key=api_key, limits=limits)
     app.state.litellama.allowed_local_media_path = allowed_local_media_path  # image files may come from here only
     _quiet_loop()
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    stopped = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, f: stopped.append(s))
-    uvicorn.Server(config).run()
+    _run_uvicorn(uvicorn, app, host, port)
     return 0
 
 
@@ -1971,15 +1973,8 @@ def _pct(xs, q):
 # %% ../nbs/15_server.ipynb #6bd05924
 def _bench_body(model, prompt, max_tokens, response_format=None) -> dict:
     "One benchmark request: greedy, `ignore_eos` so its length is fixed, streamed with usage."
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = dict(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True, stream=True)
+    body["stream_options"] = {"include_usage": True}
     if response_format is not None:
         body["response_format"] = response_format
     return body
