@@ -1,4 +1,4 @@
-"""An asyncio front end over an engine thread: many coroutines share one running batch; cancelling a coroutine aborts its request.
+"""An asyncio front end over an engine thread: many coroutines share one batch; cancelling one aborts its request.
 
 Docs: https://litellama.github.io/litellama/nbs/async.html.md"""
 
@@ -17,10 +17,12 @@ import uuid
 import numpy as np
 import torch
 
+# %% ../nbs/13_async.ipynb #253c13a8
 from .attention import build_model_input
 from .engine import ContinuousBatchingEngine, StepOutput
 from .kv_cache import Sequence
 from .sampling import SamplingParams
+from .utils import patch
 
 
 # %% ../nbs/13_async.ipynb #6c10bf1a
@@ -33,45 +35,63 @@ class AsyncLLMEngine:
         self._thread, self._loop, self._stopping, self.error = None, None, False, None
         self._scores = []  # prompt-logprob jobs waiting for free KV blocks
 
-    @classmethod
-    def from_pretrained(cls, path=None, **kwargs):
-        "Load a checkpoint (default: the bundled model) into a `ContinuousBatchingEngine` and wrap it."
-        return cls(ContinuousBatchingEngine.from_pretrained(path, **kwargs))
 
-    async def start(self):
-        if self._thread is None:
-            self._loop, self._stopping = asyncio.get_running_loop(), False
-            self._thread = threading.Thread(target=self._run, name="litellama-engine", daemon=True)
-            self._thread.start()
-        return self
+# %% ../nbs/13_async.ipynb #8704b809
+@patch
+async def __aenter__(self: AsyncLLMEngine):
+    return await self.start()
 
-    async def shutdown(self):
-        "Abort what is in flight and stop the engine thread."
-        if self._thread is None:
-            return
-        self._stopping = True
-        self._commands.put(("stop", None, None))
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
-        self._thread = None
 
-    async def __aenter__(self):
-        return await self.start()
+@patch
+async def __aexit__(self: AsyncLLMEngine, *exc):
+    await self.shutdown()
 
-    async def __aexit__(self, *exc):
-        await self.shutdown()
 
-    @property
-    def stats(self):
-        return self.engine.stats
+# %% ../nbs/13_async.ipynb #f5aff712
+@patch(cls_method=True)
+def from_pretrained(cls: AsyncLLMEngine, path=None, **kwargs):
+    "Load a checkpoint (default: the bundled model) into a `ContinuousBatchingEngine` and wrap it."
+    return cls(ContinuousBatchingEngine.from_pretrained(path, **kwargs))
 
-    @property
-    def is_running(self) -> bool:
-        "Is the engine thread alive?"
-        return self._thread is not None and self._thread.is_alive()
+
+# %% ../nbs/13_async.ipynb #d70896cc
+@patch
+async def start(self: AsyncLLMEngine):
+    if self._thread is None:
+        self._loop, self._stopping = asyncio.get_running_loop(), False
+        self._thread = threading.Thread(target=self._run, name="litellama-engine", daemon=True)
+        self._thread.start()
+    return self
+
+
+# %% ../nbs/13_async.ipynb #9786ac3a
+@patch
+async def shutdown(self: AsyncLLMEngine):
+    "Abort what is in flight and stop the engine thread."
+    if self._thread is None:
+        return
+    self._stopping = True
+    self._commands.put(("stop", None, None))
+    await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+    self._thread = None
+
+
+# %% ../nbs/13_async.ipynb #8e9a552f
+@patch(as_prop=True)
+def stats(self: AsyncLLMEngine):
+    return self.engine.stats
+
+
+# %% ../nbs/13_async.ipynb #4028dbb4
+@patch(as_prop=True)
+def is_running(self: AsyncLLMEngine) -> bool:
+    "Is the engine thread alive?"
+    return self._thread is not None and self._thread.is_alive()
 
 
 # %% ../nbs/13_async.ipynb #33128789
-def _run(self):
+@patch
+def _run(self: AsyncLLMEngine):
     "Engine thread: apply commands, step while there is work, route outputs to their request's queue."
     eng = self.engine
     while True:
@@ -83,44 +103,68 @@ def _run(self):
         except queue.Empty:
             cmd = None
         if cmd is not None:
-            kind, rid, arg = cmd
-            if kind == "stop":
-                for job in self._scores:
-                    self._settle(job[2], None, RuntimeError("the engine is shutting down"))
-                for r in list(eng.requests):
-                    eng.abort_request(r)
-                self._deliver_all(eng.step() if eng.has_unfinished_requests() else [])
-                for r in list(self._streams):
-                    self._push(r, None)
-                return
-            if kind == "add":
-                prompt, params = arg
-                try:
-                    eng.add_request(prompt, params, rid)
-                except Exception as e:
-                    self._push(rid, e)
-            elif kind == "abort":
-                eng.abort_request(rid)
-            elif kind == "score":
-                self._scores.append(arg)
+            if cmd[0] == "stop":
+                return self._stop_all()
+            self._apply(*cmd)
             continue  # drain all pending commands before stepping
         try:
             self._deliver_all(eng.step())
         except Exception as e:  # a failed step fails every request in it, not the thread
-            self.error = e
-            for r in list(eng.requests):
-                eng.abort_request(r)
-                self._push(r, e)
-            eng.step()
+            self._fail_step(e)
 
 
-def _deliver_all(self, outputs):
+# %% ../nbs/13_async.ipynb #600dfac0
+@patch
+def _apply(self: AsyncLLMEngine, kind: str, rid, arg):
+    "One command on the engine thread: `add` (an error goes to the request's own queue), `abort` or `score`."
+    if kind == "add":
+        prompt, params = arg
+        try:
+            self.engine.add_request(prompt, params, rid)
+        except Exception as e:
+            self._push(rid, e)
+    elif kind == "abort":
+        self.engine.abort_request(rid)
+    elif kind == "score":
+        self._scores.append(arg)
+
+
+# %% ../nbs/13_async.ipynb #bac580e5
+@patch
+def _stop_all(self: AsyncLLMEngine):
+    "At shutdown: fail waiting scores, abort every request, deliver their last outputs, end every stream."
+    eng = self.engine
+    for job in self._scores:
+        self._settle(job[2], None, RuntimeError("the engine is shutting down"))
+    for r in list(eng.requests):
+        eng.abort_request(r)
+    self._deliver_all(eng.step() if eng.has_unfinished_requests() else [])
+    for r in list(self._streams):
+        self._push(r, None)
+
+
+# %% ../nbs/13_async.ipynb #c45c8f50
+@patch
+def _fail_step(self: AsyncLLMEngine, e: Exception):
+    "A step raised: every request in it fails with `e`, and the engine goes on."
+    self.error = e
+    for r in list(self.engine.requests):
+        self.engine.abort_request(r)
+        self._push(r, e)
+    self.engine.step()
+
+
+# %% ../nbs/13_async.ipynb #59393c2e
+@patch
+def _deliver_all(self: AsyncLLMEngine, outputs):
     "Hand one step's outputs to the event loop in one call: one wake-up per step, however many requests it served."
     if outputs:
         self._loop.call_soon_threadsafe(self._route, outputs)
 
 
-def _route(self, outputs):
+# %% ../nbs/13_async.ipynb #5dc83faa
+@patch
+def _route(self: AsyncLLMEngine, outputs):
     "On the event loop: each output into its request's queue (none if the request was abandoned)."
     for out in outputs:
         stream = self._streams.get(out.request_id)
@@ -128,14 +172,18 @@ def _route(self, outputs):
             stream.put_nowait(out)
 
 
-def _push(self, rid, item):
+# %% ../nbs/13_async.ipynb #f9f529ff
+@patch
+def _push(self: AsyncLLMEngine, rid, item):
     "One item (an error, or the end) for one request, from the engine thread."
     stream = self._streams.get(rid)
     if stream is not None:
         self._loop.call_soon_threadsafe(stream.put_nowait, item)
 
 
-def _retry_scores(self):
+# %% ../nbs/13_async.ipynb #42acb96e
+@patch
+def _retry_scores(self: AsyncLLMEngine):
     "Run the waiting prompt-logprob jobs that now find room (all of them once nothing else runs)."
     waiting, self._scores = self._scores, []
     for ids, n, fut in waiting:
@@ -150,7 +198,9 @@ def _retry_scores(self):
             self._settle(fut, None, e)
 
 
-def _settle(self, fut, result, error):
+# %% ../nbs/13_async.ipynb #5fb3ffbf
+@patch
+def _settle(self: AsyncLLMEngine, fut, result, error):
     "Resolve `fut` on the event loop (unless its caller gave up)."
 
     def done():
@@ -164,18 +214,10 @@ def _settle(self, fut, result, error):
     self._loop.call_soon_threadsafe(done)
 
 
-AsyncLLMEngine._run, AsyncLLMEngine._deliver_all, AsyncLLMEngine._route, AsyncLLMEngine._push = (
-    _run,
-    _deliver_all,
-    _route,
-    _push,
-)
-AsyncLLMEngine._retry_scores, AsyncLLMEngine._settle = _retry_scores, _settle
-
-
 # %% ../nbs/13_async.ipynb #38e2b197
 def merge_outputs(a: StepOutput, b: StepOutput) -> StepOutput:
-    "`b`, which follows `a` for the same completion, joined onto it: texts, token ids and logprobs concatenated, the rest from `b`."
+    """`b`, which follows `a` for the same completion, joined onto it: texts, token ids and logprobs concatenated,
+    the rest from `b`."""
     assert (a.request_id, a.index) == (b.request_id, b.index) and not a.finished, (
         "b must continue a's unfinished completion"
     )
@@ -188,13 +230,25 @@ class RequestError(RuntimeError):
     "This request (and only it) failed inside an engine step; the others in the batch went on."
 
 
-# %% ../nbs/13_async.ipynb #fd1ce482
-async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None):
-    "Stream the `StepOutput`s of one request; leaving the loop early (or being cancelled) aborts it."
+# %% ../nbs/13_async.ipynb #495557d0
+@patch
+async def _ready(self: AsyncLLMEngine):
+    "Start the engine thread if it is not running; refuse new work once it is shutting down."
     if self._thread is None:
         await self.start()
     if self._stopping:
         raise RuntimeError("the engine is shutting down")
+
+
+# %% ../nbs/13_async.ipynb #fd1ce482
+_NOTHING = object()  # no output held back
+
+
+# %% ../nbs/13_async.ipynb #0be665cf
+@patch
+async def generate(self: AsyncLLMEngine, prompt, params: SamplingParams | None = None, request_id: str | None = None):
+    "Stream the `StepOutput`s of one request; leaving the loop early (or being cancelled) aborts it."
+    await self._ready()
     params = params or SamplingParams()
     rid = request_id or uuid.uuid4().hex
     stream = self._streams[rid] = asyncio.Queue()
@@ -227,15 +281,11 @@ async def generate(self, prompt, params: SamplingParams | None = None, request_i
         self._streams.pop(rid, None)
 
 
-_NOTHING = object()  # no output held back
-
-
-def abort(self, request_id: str):
+# %% ../nbs/13_async.ipynb #975b3472
+@patch
+def abort(self: AsyncLLMEngine, request_id: str):
     "Abort a request from any thread or coroutine."
     self._commands.put(("abort", request_id, None))
-
-
-AsyncLLMEngine.generate, AsyncLLMEngine.abort = generate, abort
 
 
 # %% ../nbs/13_async.ipynb #25c10002
@@ -243,20 +293,44 @@ class NoRoom(ValueError):
     "Not enough free KV blocks right now (there will be once running requests finish)."
 
 
-@torch.inference_mode()
-def prompt_logprobs(engine, ids: list, num_logprobs: int = 0, chunk: int = 512) -> list:
-    """Per token of `ids`, `{token_id: logprob}` of it and of the `num_logprobs` likeliest tokens in its place, given the
-    tokens before it; None for the first. Call it from the thread that steps `engine`."""
-    if getattr(engine, "executor", None) is not None or not hasattr(engine, "runner"):
-        raise ValueError("prompt logprobs are only supported on a single-process engine")
-    if chunk < 2:
-        raise ValueError("chunk must be at least 2 tokens")
-    runner, bm, L = engine.runner, engine.block_manager, len(ids)
-    seq = Sequence(-1, list(ids), L)
+# %% ../nbs/13_async.ipynb #bf01928f
+def _check_scorable(engine, seq: Sequence, L: int):
+    "A clear error unless `engine` can score a prompt of `L` tokens now (`NoRoom`: it can once others finish)."
+    bm = engine.block_manager
     if bm.blocks_needed(L) > bm.num_total_blocks:
         raise ValueError(f"the prompt ({L} tokens) does not fit the KV cache")
     if not bm.can_allocate(seq, L):
         raise NoRoom(f"no room in the KV cache for {L} prompt tokens right now")
+
+
+# %% ../nbs/13_async.ipynb #72c7cc18
+def _score_chunk(engine, ids: list, start: int, end: int, table, num_logprobs: int) -> list:
+    "`{token_id: logprob}` for tokens `start + 1 .. end` of `ids`, given those before each."
+    runner = engine.runner
+    mi = build_model_input([(ids[start:end], start, table)], runner.block_size, runner.device)
+    mi.logits_indices = torch.arange(end - start, device=runner.device)
+    nxt = torch.tensor(ids[start + 1 : end + 1], device=runner.device)
+    lp = engine.model(mi)[: len(nxt)].float().log_softmax(-1)  # row j: what follows token start + j
+    chosen = lp.gather(-1, nxt[:, None])[:, 0].tolist()
+    tv, ti = (t.tolist() for t in lp.topk(max(num_logprobs, 1), -1)) if num_logprobs else ([[]] * len(nxt),) * 2
+    return [
+        {**dict(zip(i[:num_logprobs], v[:num_logprobs], strict=False)), t: c}
+        for i, v, t, c in zip(ti, tv, nxt.tolist(), chosen, strict=True)
+    ]
+
+
+# %% ../nbs/13_async.ipynb #9bf56a52
+@torch.inference_mode()
+def prompt_logprobs(engine, ids: list, num_logprobs: int = 0, chunk: int = 512) -> list:
+    """Per token of `ids`, `{token_id: logprob}` of it and of the `num_logprobs` likeliest tokens in its place, given
+    the tokens before it; None for the first. Call it from the thread that steps `engine`."""
+    if getattr(engine, "executor", None) is not None or not hasattr(engine, "runner"):
+        raise ValueError("prompt logprobs are only supported on a single-process engine")
+    if chunk < 2:
+        raise ValueError("chunk must be at least 2 tokens")
+    bm, L = engine.block_manager, len(ids)
+    seq = Sequence(-1, list(ids), L)
+    _check_scorable(engine, seq, L)
     bm.allocate(seq, L)
     out, start, table = [None], 0, np.asarray(seq.block_table, dtype=np.int64)
     try:
@@ -264,31 +338,21 @@ def prompt_logprobs(engine, ids: list, num_logprobs: int = 0, chunk: int = 512) 
             end = min(L, start + chunk)
             if L - end == 1:
                 end -= 1  # never a 1-token chunk after a prefix: that would be a decode
-            mi = build_model_input([(ids[start:end], start, table)], runner.block_size, runner.device)
-            mi.logits_indices = torch.arange(end - start, device=runner.device)
-            nxt = torch.tensor(ids[start + 1 : end + 1], device=runner.device)
-            lp = engine.model(mi)[: len(nxt)].float().log_softmax(-1)  # row j: what follows token start + j
-            chosen = lp.gather(-1, nxt[:, None])[:, 0].tolist()
-            tv, ti = (t.tolist() for t in lp.topk(max(num_logprobs, 1), -1)) if num_logprobs else ([[]] * len(nxt),) * 2
-            out += [
-                {**dict(zip(i[:num_logprobs], v[:num_logprobs])), t: c}
-                for i, v, t, c in zip(ti, tv, nxt.tolist(), chosen)
-            ]
+            out += _score_chunk(engine, ids, start, end, table, num_logprobs)
             start = end
     finally:
         bm.free_seq(seq)
     return out
 
 
+# %% ../nbs/13_async.ipynb #4344fda6
 async def _prompt_logprobs(self, ids: list, num_logprobs: int = 0) -> list:
     "`prompt_logprobs` of `ids`, computed on the engine thread between steps."
-    if self._thread is None:
-        await self.start()
-    if self._stopping:
-        raise RuntimeError("the engine is shutting down")
+    await self._ready()
     fut = asyncio.get_running_loop().create_future()
     self._commands.put(("score", None, (list(ids), num_logprobs, fut)))
     return await fut
 
 
-AsyncLLMEngine.prompt_logprobs = _prompt_logprobs
+# %% ../nbs/13_async.ipynb #fb72764d
+AsyncLLMEngine.prompt_logprobs = _prompt_logprobs  # a method of the same name as the function above

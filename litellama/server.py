@@ -1,4 +1,4 @@
-"""`build_app` puts an HTTP front on an `AsyncLLMEngine`: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (plain and streamed), `/health`, `/metrics`, `/tokenize`, `/detokenize`; `serve` runs it with uvicorn; `bench_serving` measures it under Poisson load.
+"""`build_app` puts an OpenAI HTTP front on an `AsyncLLMEngine`; `serve` runs it; `bench_serving` loads it.
 
 Docs: https://litellama.github.io/litellama/nbs/server.html.md"""
 
@@ -48,6 +48,7 @@ __all__ = [
 # %% ../nbs/15_server.ipynb #3d1376f5
 import asyncio
 import functools
+import importlib
 import json
 import math
 import random
@@ -57,24 +58,23 @@ import statistics
 import time
 import uuid
 from dataclasses import dataclass
+from types import SimpleNamespace
 
+# %% ../nbs/15_server.ipynb #ae6553f9
 from .async_engine import RequestError
 from .sampling import SamplingParams
 from .structured_outputs import StructuredOutputsParams
+from .utils import patch
 
 
 # %% ../nbs/15_server.ipynb #32c15c62
 def _need(name: str):
     "Import `name`, or explain how to get it."
-    import importlib
-
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        raise ImportError(
-            f"the litellama server needs `{name}` ({e}): pip install 'litellama[serve]' "
-            "(fastapi, uvicorn, prometheus-client)"
-        ) from e
+        extra = "pip install 'litellama[serve]' (fastapi, uvicorn, prometheus-client)"
+        raise ImportError(f"the litellama server needs `{name}` ({e}): {extra}") from e
 
 
 # %% ../nbs/15_server.ipynb #6e389d76
@@ -85,44 +85,31 @@ class APIError(Exception):
         self, message: str, status: int = 400, type: str = "invalid_request_error", param=None, code=None, headers=None
     ):
         super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code, self.headers = (
-            message,
-            status,
-            type,
-            param,
-            code,
-            headers,
-        )
+        self.message, self.status, self.type = message, status, type
+        self.param, self.code, self.headers = param, code, headers
         self.counted = False  # already counted in the metrics
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+# %% ../nbs/15_server.ipynb #57708996
+@patch
+def body(self: APIError) -> dict:
+    "The JSON OpenAI's clients expect."
+    return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+# %% ../nbs/15_server.ipynb #2c160ca5
+_PARAM_FIELDS = (
+    "max_tokens min_tokens temperature top_p top_k min_p repetition_penalty presence_penalty frequency_penalty "
+    "logprobs stop_token_ids stop n seed logit_bias"
+).split()
+
+
+# %% ../nbs/15_server.ipynb #ed3d8dad
 def _param_of(msg: str):
     "Guess which request field a validation message is about (`SamplingParams` names the field first)."
     if msg.startswith("structured_outputs"):
         return "response_format"
-    for p in (
-        "max_tokens",
-        "min_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "logprobs",
-        "stop_token_ids",
-        "stop",
-        "n",
-        "seed",
-        "logit_bias",
-    ):
-        if msg.startswith(p + " "):
-            return p
-    return None
+    return next((p for p in _PARAM_FIELDS if msg.startswith(p + " ")), None)
 
 
 # %% ../nbs/15_server.ipynb #15a30002
@@ -135,30 +122,28 @@ class ServerLimits:
     prompt_chars_slack: int = 4  # see above
 
 
+# %% ../nbs/15_server.ipynb #841637ff
 def max_token_chars(tokenizer) -> int:
     "The longest token of `tokenizer`'s vocabulary, in characters (byte-level vocabularies: one per byte)."
     return max(map(len, tokenizer.get_vocab()), default=1) if tokenizer is not None else 1
 
 
+# %% ../nbs/15_server.ipynb #31256c6c
 def check_chars(n_chars: int, max_model_len: int, token_chars: int, limits: ServerLimits, param="prompt"):
     "400 if a text of `n_chars` characters must hold more tokens than the context: decided without tokenizing it."
     if n_chars > limits.prompt_chars_slack * token_chars * max_model_len:
-        raise APIError(
-            f"This model's maximum context length is {max_model_len} tokens; the prompt has {n_chars} characters, "
-            f"far more than {max_model_len} tokens can hold.",
-            param=param,
-            code="context_length_exceeded",
-        )
+        msg = f"the prompt has {n_chars} characters, far more than {max_model_len} tokens can hold."
+        msg = f"This model's maximum context length is {max_model_len} tokens; {msg}"
+        raise APIError(msg, param=param, code="context_length_exceeded")
 
 
 # %% ../nbs/15_server.ipynb #da161e44
-@functools.cache
-def schemas():
-    "The request models: `CompletionRequest`, `ChatRequest`, `TokenizeRequest`, `DetokenizeRequest`."
+def _request_options():
+    "`StreamOptions`, `JSONSchema` and `ResponseFormat`: the small objects inside a generation request."
     from types import SimpleNamespace
     from typing import Literal
 
-    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+    from pydantic import BaseModel, Field, StrictBool, StrictStr
 
     class StreamOptions(BaseModel):
         include_usage: StrictBool = False
@@ -173,6 +158,14 @@ def schemas():
         type: Literal["text", "json_object", "json_schema"]
         json_schema: JSONSchema | None = None
 
+    return SimpleNamespace(StreamOptions=StreamOptions, JSONSchema=JSONSchema, ResponseFormat=ResponseFormat)
+
+
+# %% ../nbs/15_server.ipynb #61b6e54f
+def _common_request(o):
+    "The base of `CompletionRequest` and `ChatRequest`; `o` holds the option models."
+    from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+
     class Common(BaseModel):
         model_config = ConfigDict(extra="ignore")
         model: StrictStr
@@ -185,7 +178,7 @@ def schemas():
         presence_penalty: float = 0.0
         frequency_penalty: float = 0.0
         stream: StrictBool = False
-        stream_options: StreamOptions | None = None
+        stream_options: o.StreamOptions | None = None
         top_k: StrictInt = -1
         min_p: float = 0.0
         repetition_penalty: float = 1.0
@@ -193,26 +186,22 @@ def schemas():
         min_tokens: StrictInt = 0
         stop_token_ids: list[StrictInt] | None = None
         logit_bias: dict[str, float] | None = None
-        response_format: ResponseFormat | None = None
+        response_format: o.ResponseFormat | None = None
         guided_json: dict | StrictStr | None = None
         guided_regex: StrictStr | None = None
         guided_choice: list[StrictStr] | None = None
         user: StrictStr | None = None
 
-    class CompletionRequest(Common):
-        prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
-        logprobs: StrictInt | None = None
-        echo: StrictBool = False
-        best_of: StrictInt | None = None
+    return Common
 
-    class ImageURL(BaseModel):
-        url: StrictStr
-        detail: StrictStr | None = None
 
-    class ContentPart(BaseModel):
-        type: Literal["text", "image_url"]
-        text: StrictStr | None = None
-        image_url: ImageURL | None = None
+# %% ../nbs/15_server.ipynb #e811d7a3
+def _tool_models():
+    "`Tool`, `NamedToolChoice` and `ToolCall` (an assistant's earlier call)."
+    from types import SimpleNamespace
+    from typing import Literal
+
+    from pydantic import BaseModel, Field, StrictBool, StrictStr
 
     class FunctionDef(BaseModel):
         name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
@@ -240,22 +229,40 @@ def schemas():
         type: Literal["function"] = "function"
         function: CalledFunction
 
+    return SimpleNamespace(Tool=Tool, NamedToolChoice=NamedToolChoice, ToolCall=ToolCall)
+
+
+# %% ../nbs/15_server.ipynb #741a18f2
+def _message_model(t):
+    "A chat `Message`: text or text-and-image parts; `t` holds the tool models."
+    from typing import Literal
+
+    from pydantic import BaseModel, ConfigDict, StrictStr
+
+    class ImageURL(BaseModel):
+        url: StrictStr
+        detail: StrictStr | None = None
+
+    class ContentPart(BaseModel):
+        type: Literal["text", "image_url"]
+        text: StrictStr | None = None
+        image_url: ImageURL | None = None
+
     class Message(BaseModel):
         model_config = ConfigDict(extra="ignore")
         role: Literal["system", "developer", "user", "assistant", "tool"]
         content: StrictStr | list[ContentPart] | None = None
         name: StrictStr | None = None
-        tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+        tool_calls: list[t.ToolCall] | None = None  # an assistant's earlier calls
         tool_call_id: StrictStr | None = None  # a tool message: which call it answers
 
-    class ChatRequest(Common):
-        messages: list[Message] = Field(min_length=1)
-        max_completion_tokens: StrictInt | None = None
-        logprobs: StrictBool = False
-        top_logprobs: StrictInt | None = None
-        tools: list[Tool] | None = None
-        tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-        parallel_tool_calls: StrictBool = True
+    return Message
+
+
+# %% ../nbs/15_server.ipynb #314e062c
+def _token_requests(Message):
+    "`TokenizeRequest` and `DetokenizeRequest`."
+    from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 
     class TokenizeRequest(BaseModel):
         model: StrictStr | None = None
@@ -267,23 +274,50 @@ def schemas():
         model: StrictStr | None = None
         tokens: list[StrictInt]
 
+    return TokenizeRequest, DetokenizeRequest
+
+
+# %% ../nbs/15_server.ipynb #c3b6e622
+@functools.cache
+def schemas():
+    "The request models: `CompletionRequest`, `ChatRequest`, `TokenizeRequest`, `DetokenizeRequest`."
+    from types import SimpleNamespace
+    from typing import Literal
+
+    from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+    Common, t = _common_request(_request_options()), _tool_models()
+    Message = _message_model(t)
+
+    class CompletionRequest(Common):
+        prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+        logprobs: StrictInt | None = None
+        echo: StrictBool = False
+        best_of: StrictInt | None = None
+
+    class ChatRequest(Common):
+        messages: list[Message] = Field(min_length=1)
+        max_completion_tokens: StrictInt | None = None
+        logprobs: StrictBool = False
+        top_logprobs: StrictInt | None = None
+        tools: list[t.Tool] | None = None
+        tool_choice: Literal["none", "auto", "required"] | t.NamedToolChoice | None = None
+        parallel_tool_calls: StrictBool = True
+
+    TokenizeRequest, DetokenizeRequest = _token_requests(Message)
     return SimpleNamespace(
         CompletionRequest=CompletionRequest,
         ChatRequest=ChatRequest,
         Message=Message,
-        Tool=Tool,
+        Tool=t.Tool,
         TokenizeRequest=TokenizeRequest,
         DetokenizeRequest=DetokenizeRequest,
     )
 
 
 # %% ../nbs/15_server.ipynb #15a40002
-@functools.cache
-def response_schemas():
-    "The response models, for `/openapi.json`: completions, chat completions, errors, models, health, tokenize."
-    from types import SimpleNamespace
-    from typing import Literal
-
+def _error_models():
+    "`ErrorResponse`: OpenAI's error body."
     from pydantic import BaseModel
 
     class ErrorBody(BaseModel):
@@ -295,10 +329,27 @@ def response_schemas():
     class ErrorResponse(BaseModel):
         error: ErrorBody
 
+    return ErrorResponse
+
+
+# %% ../nbs/15_server.ipynb #1a655a02
+def _usage_model():
+    from pydantic import BaseModel
+
     class Usage(BaseModel):
         prompt_tokens: int
         completion_tokens: int
         total_tokens: int
+
+    return Usage
+
+
+# %% ../nbs/15_server.ipynb #1a46d6cd
+def _completion_response(Usage):
+    "`CompletionResponse`, with the legacy logprobs format."
+    from typing import Literal
+
+    from pydantic import BaseModel
 
     class CompletionLogprobs(BaseModel):
         tokens: list[str]
@@ -320,6 +371,14 @@ def response_schemas():
         choices: list[CompletionChoice]
         usage: Usage | None = None
 
+    return CompletionResponse
+
+
+# %% ../nbs/15_server.ipynb #d91ed964
+def _chat_logprobs_model():
+    "`ChoiceLogprobs`: chat's per-token records."
+    from pydantic import BaseModel
+
     class TopLogprob(BaseModel):
         token: str
         logprob: float
@@ -330,6 +389,16 @@ def response_schemas():
 
     class ChoiceLogprobs(BaseModel):
         content: list[TokenLogprob] | None
+
+    return ChoiceLogprobs
+
+
+# %% ../nbs/15_server.ipynb #c942ac4f
+def _assistant_message_model():
+    "`AssistantMessage`: a reply, its tool calls included."
+    from typing import Literal
+
+    from pydantic import BaseModel
 
     class CalledFunction(BaseModel):
         name: str
@@ -345,6 +414,18 @@ def response_schemas():
         content: str | None
         tool_calls: list[ToolCall] | None = None
 
+    return AssistantMessage
+
+
+# %% ../nbs/15_server.ipynb #901b9784
+def _chat_response(Usage):
+    "`ChatCompletionResponse`."
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    ChoiceLogprobs, AssistantMessage = _chat_logprobs_model(), _assistant_message_model()
+
     class ChatChoice(BaseModel):
         index: int
         message: AssistantMessage
@@ -358,6 +439,16 @@ def response_schemas():
         model: str
         choices: list[ChatChoice]
         usage: Usage
+
+    return ChatCompletionResponse
+
+
+# %% ../nbs/15_server.ipynb #45cc1095
+def _info_models():
+    "`ModelList`, `Health`, `TokenizeResponse`, `DetokenizeResponse`: the answers that are not generations."
+    from typing import Literal
+
+    from pydantic import BaseModel
 
     class ModelCard(BaseModel):
         id: str
@@ -385,20 +476,18 @@ def response_schemas():
     class DetokenizeResponse(BaseModel):
         prompt: str
 
-    return SimpleNamespace(
-        **{
-            m.__name__: m
-            for m in (
-                ErrorResponse,
-                CompletionResponse,
-                ChatCompletionResponse,
-                ModelList,
-                Health,
-                TokenizeResponse,
-                DetokenizeResponse,
-            )
-        }
-    )
+    return ModelList, Health, TokenizeResponse, DetokenizeResponse
+
+
+# %% ../nbs/15_server.ipynb #2ab6b1f5
+@functools.cache
+def response_schemas():
+    "The response models, for `/openapi.json`: completions, chat completions, errors, models, health, tokenize."
+    from types import SimpleNamespace
+
+    Usage = _usage_model()
+    models = (_error_models(), _completion_response(Usage), _chat_response(Usage), *_info_models())
+    return SimpleNamespace(**{m.__name__: m for m in models})
 
 
 # %% ../nbs/15_server.ipynb #15a40003
@@ -413,29 +502,22 @@ _ERRORS = {
 }
 
 
-def openapi_spec(app) -> dict:
-    """`app`'s OpenAPI document with every request body and response declared: FastAPI sees no body (we parse by
-    hand), so the models are added here, once."""
-    from fastapi.openapi.utils import get_openapi
-    from pydantic.json_schema import models_json_schema
+# %% ../nbs/15_server.ipynb #5eddca8d
+def _ref(m) -> dict:
+    return {"$ref": f"#/components/schemas/{m.__name__}"}
 
-    S, R = schemas(), response_schemas()
-    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    models = [
-        (m, "validation") for m in (S.CompletionRequest, S.ChatRequest, S.TokenizeRequest, S.DetokenizeRequest)
-    ] + [(m, "serialization") for m in vars(R).values()]
-    _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
-    spec.setdefault("components", {})["schemas"] = defs = defs.get("$defs", {})
-    served = getattr(getattr(app.state, "litellama", None), "model_name", None)
-    for name in ("CompletionRequest", "ChatRequest"):  # the one model name that is not a 404
-        if served:
-            defs[name]["properties"]["model"] = {"type": "string", "enum": [served], "title": "Model"}
-    ref = lambda m: {"$ref": f"#/components/schemas/{m.__name__}"}
-    err = lambda codes: {
-        str(c): {"description": _ERRORS[c], "content": {"application/json": {"schema": ref(R.ErrorResponse)}}}
-        for c in codes
-    }
-    routes = {
+
+# %% ../nbs/15_server.ipynb #2fb6ce7c
+def _error_responses(codes, R) -> dict:
+    "The declared answers for the error `codes`: OpenAI's error body."
+    json_ = {"application/json": {"schema": _ref(R.ErrorResponse)}}
+    return {str(c): {"description": _ERRORS[c], "content": json_} for c in codes}
+
+
+# %% ../nbs/15_server.ipynb #b3d64569
+def _openapi_routes(S, R) -> dict:
+    "`(method, path)` -> `(request model, response model, streams)` of the routes to declare."
+    return {
         ("post", "/v1/completions"): (S.CompletionRequest, R.CompletionResponse, True),
         ("post", "/v1/chat/completions"): (S.ChatRequest, R.ChatCompletionResponse, True),
         ("post", "/tokenize"): (S.TokenizeRequest, R.TokenizeResponse, False),
@@ -443,25 +525,56 @@ def openapi_spec(app) -> dict:
         ("get", "/v1/models"): (None, R.ModelList, False),
         ("get", "/health"): (None, R.Health, False),
     }
+
+
+# %% ../nbs/15_server.ipynb #7cb66fb0
+def _component_schemas(app, S, R) -> dict:
+    "Every model as a JSON-schema component; `model` may only be the served name (the one that is not a 404)."
+    from pydantic.json_schema import models_json_schema
+
+    requests = (S.CompletionRequest, S.ChatRequest, S.TokenizeRequest, S.DetokenizeRequest)
+    models = [(m, "validation") for m in requests] + [(m, "serialization") for m in vars(R).values()]
+    _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    defs = defs.get("$defs", {})
+    served = getattr(getattr(app.state, "litellama", None), "model_name", None)
+    for name in ("CompletionRequest", "ChatRequest"):
+        if served:
+            defs[name]["properties"]["model"] = {"type": "string", "enum": [served], "title": "Model"}
+    return defs
+
+
+# %% ../nbs/15_server.ipynb #5a138e41
+def _declare_route(op: dict, path: str, req, res, streams: bool, auth: list, R):
+    "Fill one operation `op` of the OpenAPI document: its request body and its answers."
+    ok = {"application/json": {"schema": _ref(res)}}
+    if streams:
+        ok["text/event-stream"] = {
+            "schema": {"description": "server-sent events (`stream: true`): chunks, then `data: [DONE]`"}
+        }
+    op["responses"] = {"200": {"description": "OK", "content": ok}}
+    if path == "/health":
+        op["responses"]["503"] = {
+            "description": "The engine is stopped",
+            "content": {"application/json": {"schema": _ref(res)}},
+        }
+    else:
+        op["responses"].update(_error_responses(auth + [405, 500], R))
+    if req is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(req)}}}
+        op["responses"].update(_error_responses([400, 404, 413, 415] if path.startswith("/v1") else [400, 413, 415], R))
+
+
+# %% ../nbs/15_server.ipynb #ef64270e
+def openapi_spec(app) -> dict:
+    "`app`'s OpenAPI document with every request body and response declared."
+    from fastapi.openapi.utils import get_openapi
+
+    S, R = schemas(), response_schemas()
+    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    spec.setdefault("components", {})["schemas"] = _component_schemas(app, S, R)
     auth = [401] if any(getattr(m.cls, "__name__", "") == "BearerAuth" for m in app.user_middleware) else []
-    for (method, path), (req, res, streams) in routes.items():
-        op = spec["paths"][path][method]
-        ok = {"application/json": {"schema": ref(res)}}
-        if streams:
-            ok["text/event-stream"] = {
-                "schema": {"description": "server-sent events (`stream: true`): chunks, then `data: [DONE]`"}
-            }
-        op["responses"] = {"200": {"description": "OK", "content": ok}}
-        if path == "/health":
-            op["responses"]["503"] = {
-                "description": "The engine is stopped",
-                "content": {"application/json": {"schema": ref(res)}},
-            }
-        else:
-            op["responses"].update(err(auth + [405, 500]))
-        if req is not None:
-            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref(req)}}}
-            op["responses"].update(err([400, 404, 413, 415] if path.startswith("/v1") else [400, 413, 415]))
+    for (method, path), (req, res, streams) in _openapi_routes(S, R).items():
+        _declare_route(spec["paths"][path][method], path, req, res, streams, auth, R)
     spec["paths"]["/metrics"]["get"]["responses"] = {
         "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
     }
@@ -469,8 +582,8 @@ def openapi_spec(app) -> dict:
 
 
 # %% ../nbs/15_server.ipynb #79e23d1c
-def structured_outputs(req) -> StructuredOutputsParams | None:
-    "OpenAI's `response_format` (or vLLM's `guided_json` / `guided_regex` / `guided_choice`) as `StructuredOutputsParams`."
+def _asked_grammar(req) -> dict:
+    "The structured-output fields a request set, as `StructuredOutputsParams` keywords."
     rf, asked = req.response_format, {}
     if rf is not None and rf.type == "json_object":
         asked["json_object"] = True
@@ -481,6 +594,13 @@ def structured_outputs(req) -> StructuredOutputsParams | None:
     for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice")):
         if getattr(req, name) is not None:
             asked[key] = getattr(req, name)
+    return asked
+
+
+# %% ../nbs/15_server.ipynb #15520b7b
+def structured_outputs(req) -> StructuredOutputsParams | None:
+    "OpenAI's `response_format` (or vLLM's `guided_*` fields) as `StructuredOutputsParams`."
+    asked = _asked_grammar(req)
     if not asked:
         return None
     if len(asked) > 1:
@@ -491,20 +611,20 @@ def structured_outputs(req) -> StructuredOutputsParams | None:
         raise APIError(str(e), param="response_format") from None
 
 
-def sampling_params(
-    req,
-    default_max_tokens=None,
-    logprobs=None,
-    limits: ServerLimits | None = None,
-    tool_grammar: StructuredOutputsParams | None = None,
-) -> SamplingParams:
-    "Build `SamplingParams` from a completion or chat request; bad values raise `APIError` (400). `tool_grammar`: a forced tool call's."
-    limits = limits or ServerLimits()
+# %% ../nbs/15_server.ipynb #c5fb652b
+def _max_tokens(req, default_max_tokens):
+    "The token budget a request asks for (`default_max_tokens` if it names none)."
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
     if max_tokens is None:
         max_tokens = default_max_tokens
     if max_tokens is not None and max_tokens <= 0:
         raise APIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    return max_tokens
+
+
+# %% ../nbs/15_server.ipynb #582ad693
+def _check_fanout(req, limits: ServerLimits):
+    "400 for more completions than `limits` allow, a `best_of` we cannot honour, or `stream_options` without a stream."
     if req.n > limits.max_n:
         raise APIError(f"n must be at most {limits.max_n}, got {req.n}", param="n")
     best_of = getattr(req, "best_of", None)
@@ -515,15 +635,37 @@ def sampling_params(
         )
     if req.stream_options is not None and not req.stream:
         raise APIError("stream_options is only allowed when stream is true", param="stream_options")
+
+
+# %% ../nbs/15_server.ipynb #1e67720b
+def _grammar_of(req, tool_grammar):
+    "The one grammar a reply follows: the request's own, or a forced tool call's; never both."
     so = structured_outputs(req)
-    if tool_grammar is not None:
-        if so is not None:
-            raise APIError(
-                "a forced tool call (tool_choice required or a named function) cannot be combined with "
-                "response_format or guided decoding",
-                param="tool_choice",
-            )
-        so = tool_grammar
+    if tool_grammar is None:
+        return so
+    if so is not None:
+        raise APIError(
+            "a forced tool call (tool_choice required or a named function) cannot be combined with "
+            "response_format or guided decoding",
+            param="tool_choice",
+        )
+    return tool_grammar
+
+
+# %% ../nbs/15_server.ipynb #9d1925a0
+def sampling_params(
+    req,
+    default_max_tokens=None,
+    logprobs=None,
+    limits: ServerLimits | None = None,
+    tool_grammar: StructuredOutputsParams | None = None,
+) -> SamplingParams:
+    """Build `SamplingParams` from a completion or chat request; bad values raise `APIError` (400).
+    `tool_grammar`: a forced tool call's."""
+    limits = limits or ServerLimits()
+    max_tokens = _max_tokens(req, default_max_tokens)
+    _check_fanout(req, limits)
+    so = _grammar_of(req, tool_grammar)
     try:
         return SamplingParams(
             n=req.n,
@@ -550,7 +692,7 @@ def sampling_params(
 
 # %% ../nbs/15_server.ipynb #25b10002
 def tool_choice_of(req) -> tuple:
-    "`(mode, name)` of a chat request's tools: mode `none`, `auto`, `required` or `named` (then `name` is the function's)."
+    "`(mode, name)` of a chat request's tools: mode `none`, `auto`, `required` or `named` (`name`: the function's)."
     tools, choice = req.tools, req.tool_choice
     if not tools:
         if choice not in (None, "none"):
@@ -571,25 +713,30 @@ def tool_choice_of(req) -> tuple:
     return "named", choice.function.name
 
 
+# %% ../nbs/15_server.ipynb #16a9a7b6
 def _arguments_schema(tool) -> dict:
     return tool.function.parameters if tool.function.parameters is not None else {"type": "object", "properties": {}}
 
 
+# %% ../nbs/15_server.ipynb #b48f5211
+def _one_call_schema(tool) -> dict:
+    "The schema of one `{name, parameters}` entry of a `required` reply."
+    return {
+        "type": "object",
+        "properties": {"name": {"type": "string", "enum": [tool.function.name]}, "parameters": _arguments_schema(tool)},
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+
+
+# %% ../nbs/15_server.ipynb #d27ae81d
 def tool_call_schema(tools, mode: str, name: str | None = None, parallel: bool = True) -> dict | None:
     "The JSON schema a forced call's output follows (None for `none` and `auto`, which are not forced)."
     if mode == "named":
         return _arguments_schema(next(t for t in tools if t.function.name == name))
     if mode != "required":
         return None
-    one = [
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string", "enum": [t.function.name]}, "parameters": _arguments_schema(t)},
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
+    one = [_one_call_schema(t) for t in tools]
     return {
         "type": "array",
         "minItems": 1,
@@ -602,65 +749,75 @@ def tool_call_schema(tools, mode: str, name: str | None = None, parallel: bool =
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
 
+# %% ../nbs/15_server.ipynb #7872d45b
 def _held(text: str, tag: str) -> int:
     "How many characters at the end of `text` may be the start of `tag`."
     return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:k])), 0)
 
 
+# %% ../nbs/15_server.ipynb #7f932f13
 class HermesToolParser:
     "Splits a streamed reply into content and `<tool_call>{json}</tool_call>` calls: `feed(delta)`, then `finish()`."
 
     def __init__(self):
         self.buf, self.in_call = "", False
 
-    def _call(self, body: str) -> tuple:
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            obj = None
-        if not (
-            isinstance(obj, dict)
-            and isinstance(obj.get("name"), str)
-            and isinstance(obj.get("arguments", {}), (dict, str))
-        ):
-            return ("content", TOOL_OPEN + body + TOOL_CLOSE)
-        args = obj.get("arguments", {})
-        return (
-            "call",
-            {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
-        )
 
-    def feed(self, text: str) -> list:
-        "Events `('content', text)` and `('call', {name, arguments})` that `text` completes."
-        self.buf += text
-        out = []
-        while True:
-            if not self.in_call:
-                i = self.buf.find(TOOL_OPEN)
-                if i < 0:
-                    k = len(self.buf) - _held(self.buf, TOOL_OPEN)
-                    out.append(("content", self.buf[:k]))
-                    self.buf = self.buf[k:]
-                    break
-                out.append(("content", self.buf[:i]))
-                self.buf, self.in_call = self.buf[i + len(TOOL_OPEN) :], True
-            else:
-                j = self.buf.find(TOOL_CLOSE)
-                if j < 0:
-                    break
-                out.append(self._call(self.buf[:j].strip()))
-                self.buf, self.in_call = self.buf[j + len(TOOL_CLOSE) :], False
-        return [e for e in out if e[1]]
+# %% ../nbs/15_server.ipynb #b8c219db
+@patch
+def _call(self: HermesToolParser, body: str) -> tuple:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if not (
+        isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments", {}), (dict, str))
+    ):
+        return ("content", TOOL_OPEN + body + TOOL_CLOSE)
+    args = obj.get("arguments", {})
+    return (
+        "call",
+        {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
+    )
 
-    def finish(self) -> list:
-        "What is left at the end: an unclosed call is still a call if it parses."
-        buf, self.buf = self.buf, ""
+
+# %% ../nbs/15_server.ipynb #523e44c2
+@patch
+def feed(self: HermesToolParser, text: str) -> list:
+    "Events `('content', text)` and `('call', {name, arguments})` that `text` completes."
+    self.buf += text
+    out = []
+    while True:
         if not self.in_call:
-            return [("content", buf)] if buf else []
-        ev = self._call(buf.strip())
-        return [ev if ev[0] == "call" else ("content", TOOL_OPEN + buf)]
+            i = self.buf.find(TOOL_OPEN)
+            if i < 0:
+                k = len(self.buf) - _held(self.buf, TOOL_OPEN)
+                out.append(("content", self.buf[:k]))
+                self.buf = self.buf[k:]
+                break
+            out.append(("content", self.buf[:i]))
+            self.buf, self.in_call = self.buf[i + len(TOOL_OPEN) :], True
+        else:
+            j = self.buf.find(TOOL_CLOSE)
+            if j < 0:
+                break
+            out.append(self._call(self.buf[:j].strip()))
+            self.buf, self.in_call = self.buf[j + len(TOOL_CLOSE) :], False
+    return [e for e in out if e[1]]
 
 
+# %% ../nbs/15_server.ipynb #6325fdd9
+@patch
+def finish(self: HermesToolParser) -> list:
+    "What is left at the end: an unclosed call is still a call if it parses."
+    buf, self.buf = self.buf, ""
+    if not self.in_call:
+        return [("content", buf)] if buf else []
+    ev = self._call(buf.strip())
+    return [ev if ev[0] == "call" else ("content", TOOL_OPEN + buf)]
+
+
+# %% ../nbs/15_server.ipynb #52d19a3f
 def parse_tool_calls(text: str) -> tuple:
     "`(content, calls)` of a whole Hermes-style reply."
     p = HermesToolParser()
@@ -674,6 +831,7 @@ def _content(m) -> str:
     return "" if c is None else c if isinstance(c, str) else "".join(p.text or "" for p in c)
 
 
+# %% ../nbs/15_server.ipynb #fcc9430f
 def _arguments(text: str):
     "A call's `arguments` as templates want them: the object its JSON text holds (the text itself if it is not JSON)."
     try:
@@ -682,6 +840,7 @@ def _arguments(text: str):
         return text
 
 
+# %% ../nbs/15_server.ipynb #8183584f
 def _message(m) -> dict:
     "One chat message as the template takes it (`developer` is treated as `system`), earlier tool calls included."
     d = {"role": "system" if m.role == "developer" else m.role, "content": _content(m)}
@@ -701,14 +860,16 @@ def _message(m) -> dict:
     return d
 
 
+# %% ../nbs/15_server.ipynb #6e9d4cb1
 def template_has_tools(tokenizer) -> bool:
     "Does the chat template use a `tools` argument?"
     return "tools" in str(getattr(tokenizer, "chat_template", None) or "")
 
 
+# %% ../nbs/15_server.ipynb #7e3fbf52
 def with_tools(tokenizer, msgs: list, tools) -> tuple:
-    """`(msgs, template kwargs)` offering `tools`: through the template's own `tools` argument, or for a template without
-    one as a system message listing the functions and their schemas."""
+    """`(msgs, template kwargs)` offering `tools`: through the template's own `tools` argument, or for a template
+    without one as a system message listing the functions and their schemas."""
     if not tools:
         return msgs, {}
     specs = [t.model_dump(exclude_none=True) for t in tools]
@@ -722,6 +883,7 @@ def with_tools(tokenizer, msgs: list, tools) -> tuple:
     return [{"role": "system", "content": text}, *msgs], {}
 
 
+# %% ../nbs/15_server.ipynb #819228cb
 def chat_prompt(tokenizer, messages, add_generation_prompt=True, tools=None) -> str:
     "The prompt text for a list of chat messages, offering `tools` (pydantic `Tool`s) if given."
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -733,6 +895,7 @@ def chat_prompt(tokenizer, messages, add_generation_prompt=True, tools=None) -> 
         raise APIError(f"could not apply the chat template: {e}", param="messages") from None
 
 
+# %% ../nbs/15_server.ipynb #3e3d1dad
 def prompt_ids(engine, prompt, chat=False) -> list:
     "Token ids of one prompt (text or ids), checked against the vocabulary."
     if chat:
@@ -746,6 +909,7 @@ def prompt_ids(engine, prompt, chat=False) -> list:
     return ids
 
 
+# %% ../nbs/15_server.ipynb #32ecaaae
 def check_length(engine, ids, params: SamplingParams):
     "400 unless the prompt plus `max_tokens` fits the context."
     C = engine.max_model_len
@@ -764,6 +928,7 @@ def check_length(engine, ids, params: SamplingParams):
         )
 
 
+# %% ../nbs/15_server.ipynb #418d8863
 def split_prompts(prompt) -> list:
     "A completion's `prompt` field as a list of single prompts."
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
@@ -774,18 +939,14 @@ def split_prompts(prompt) -> list:
 
 
 # %% ../nbs/15_server.ipynb #a23b0003
-def chat_prompt_ids(st, engine, messages, tools=None) -> list:
-    """Token ids of a chat; when its messages hold `image_url` parts, `TokensWithImages` (placeholders expanded, images
-    decoded). Images come as `data:image/...;base64,` URLs, local files only under the server's `allowed_local_media_path`;
-    remote URLs are refused (nothing is fetched). Every problem is a 400 naming it."""
-    if not any(isinstance(m.content, list) and any(p.type == "image_url" for p in m.content) for m in messages):
-        return prompt_ids(engine, chat_prompt(engine.tokenizer, messages, tools=tools), chat=True)
-    from litellama.multimodal import TokensWithImages, chat_images, expand_placeholders
+def _has_images(messages) -> bool:
+    return any(isinstance(m.content, list) and any(p.type == "image_url" for p in m.content) for m in messages)
 
-    model = engine.model
-    if not hasattr(model, "embed_images"):
-        raise APIError("this model is text-only: it takes no images", param="messages")
-    dicts = [
+
+# %% ../nbs/15_server.ipynb #f63483c9
+def _part_dicts(messages) -> list:
+    "The messages as plain dicts for `chat_images` (`developer` treated as `system`), their parts dumped."
+    return [
         {
             "role": "system" if m.role == "developer" else m.role,
             "content": m.content
@@ -794,8 +955,21 @@ def chat_prompt_ids(st, engine, messages, tools=None) -> list:
         }
         for m in messages
     ]
+
+
+# %% ../nbs/15_server.ipynb #03984fc6
+def chat_prompt_ids(st, engine, messages, tools=None) -> list:
+    """Token ids of a chat; when its messages hold `image_url` parts, `TokensWithImages` (placeholders expanded,
+    images decoded). Images come as `data:image/...;base64,` URLs, local files only under the server's
+    `allowed_local_media_path`; remote URLs are refused (nothing is fetched). Every problem is a 400 naming it."""
+    if not _has_images(messages):
+        return prompt_ids(engine, chat_prompt(engine.tokenizer, messages, tools=tools), chat=True)
+    from litellama.multimodal import TokensWithImages, chat_images, expand_placeholders
+
+    if not hasattr(engine.model, "embed_images"):
+        raise APIError("this model is text-only: it takes no images", param="messages")
     try:
-        msgs, images = chat_images(dicts, getattr(st, "allowed_local_media_path", None))
+        msgs, images = chat_images(_part_dicts(messages), getattr(st, "allowed_local_media_path", None))
     except ValueError as e:
         raise APIError(str(e), param="messages") from None
     msgs, kw = with_tools(engine.tokenizer, msgs, tools)
@@ -815,14 +989,16 @@ def _tok_str(tokenizer, tid: int) -> str:
     return tokenizer.decode([tid]) if tokenizer is not None else str(tid)
 
 
+# %% ../nbs/15_server.ipynb #1eb876e9
 def _top(lp: dict, n: int) -> list:
     return sorted(lp.items(), key=lambda kv: -kv[1])[:n]
 
 
+# %% ../nbs/15_server.ipynb #56d80b6e
 def completion_logprobs(tokenizer, token_ids, logprobs, n: int, offset: int = 0) -> dict:
     "Legacy completions `logprobs` for generated `token_ids`; `offset` is where their text starts."
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for tid, lp in zip(token_ids, logprobs):
+    for tid, lp in zip(token_ids, logprobs, strict=False):
         s = _tok_str(tokenizer, tid)
         out["tokens"].append(s)
         out["token_logprobs"].append(float(lp.get(tid, -math.inf)))
@@ -836,9 +1012,10 @@ def completion_logprobs(tokenizer, token_ids, logprobs, n: int, offset: int = 0)
     return out
 
 
+# %% ../nbs/15_server.ipynb #594633c5
 def echo_logprobs(tokenizer, ids, prompt_lps, n: int) -> dict:
-    """Legacy completions `logprobs` for the prompt `ids` (`echo`): each token's logprob given those before it, `prompt_lps`
-    from `prompt_logprobs`; the first token has none, as OpenAI's."""
+    """Legacy completions `logprobs` for the prompt `ids` (`echo`): each token's logprob given those before it,
+    `prompt_lps` from `prompt_logprobs`; the first token has none, as OpenAI's."""
     first = _tok_str(tokenizer, ids[0])
     rest = completion_logprobs(tokenizer, ids[1:], prompt_lps[1:], n, offset=len(first))
     return {
@@ -849,28 +1026,33 @@ def echo_logprobs(tokenizer, ids, prompt_lps, n: int) -> dict:
     }
 
 
+# %% ../nbs/15_server.ipynb #e4923832
 def join_logprobs(a: dict | None, b: dict) -> dict:
     "Two legacy `logprobs` objects, one after the other."
     return b if a is None else {k: a[k] + b[k] for k in b}
 
 
+# %% ../nbs/15_server.ipynb #6caccd71
 def chat_logprobs(tokenizer, token_ids, logprobs, n: int) -> list:
     "Chat `logprobs.content`: per token `{token, logprob, bytes, top_logprobs}`."
     rec = lambda t, v: {"token": (s := _tok_str(tokenizer, t)), "logprob": float(v), "bytes": list(s.encode())}
     return [
         {**rec(tid, lp.get(tid, -math.inf)), "top_logprobs": [rec(t, v) for t, v in _top(lp, n)]}
-        for tid, lp in zip(token_ids, logprobs)
+        for tid, lp in zip(token_ids, logprobs, strict=False)
     ]
 
 
 # %% ../nbs/15_server.ipynb #edb55271
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)  # seconds: TTFT, end to end
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5)
+
+
+# %% ../nbs/15_server.ipynb #a7c8ba9d
 class ServerMetrics:
     "The server's Prometheus metrics, in a registry of their own."
 
     def __init__(self, async_engine):
         pc = _need("prometheus_client")
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         self.registry = r = pc.CollectorRegistry()
         self.requests = pc.Counter(
             "litellama_requests",
@@ -881,44 +1063,52 @@ class ServerMetrics:
         self.finish = pc.Counter("litellama_finish_reason", "Completions by finish reason", ["reason"], registry=r)
         self.prompt_tokens = pc.Counter("litellama_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = pc.Counter("litellama_generation_tokens", "Tokens generated", registry=r)
-        lat = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-        self.ttft = pc.Histogram(
-            "litellama_time_to_first_token_seconds", "Time to first token", buckets=lat, registry=r
+        hist = lambda name, doc, buckets: pc.Histogram(name, doc, buckets=buckets, registry=r)
+        self.ttft = hist("litellama_time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS)
+        self.tpot = hist(
+            "litellama_time_per_output_token_seconds", "Time per output token after the first", _TPOT_BUCKETS
         )
-        self.tpot = pc.Histogram(
-            "litellama_time_per_output_token_seconds",
-            "Time per output token after the first",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5),
-            registry=r,
-        )
-        self.e2e = pc.Histogram(
-            "litellama_e2e_request_latency_seconds", "End-to-end request latency", buckets=lat, registry=r
-        )
+        self.e2e = hist("litellama_e2e_request_latency_seconds", "End-to-end request latency", _LATENCY_BUCKETS)
+        r.register(_EngineCollector(async_engine))
 
-        class EngineCollector:
-            def collect(_):
-                s = async_engine.stats
-                g = lambda n, d, v: GaugeMetricFamily(n, d, value=v)
-                yield g("litellama_num_requests_running", "Sequences running in the engine", s.num_running)
-                yield g("litellama_num_requests_waiting", "Sequences waiting in the engine", s.num_waiting)
-                yield g("litellama_kv_cache_free_blocks", "Free KV-cache blocks", s.num_free_blocks)
-                yield g("litellama_kv_cache_total_blocks", "KV-cache blocks in all", s.num_total_blocks)
-                yield g(
-                    "litellama_kv_cache_usage_ratio",
-                    "Fraction of KV-cache blocks in use",
-                    1 - s.num_free_blocks / max(s.num_total_blocks, 1),
-                )
-                yield CounterMetricFamily(
-                    "litellama_prefix_cache_hit_tokens",
-                    "Prompt tokens served from the prefix cache",
-                    value=s.prefix_cache_hit_tokens,
-                )
-                yield CounterMetricFamily("litellama_num_preemptions", "Sequences preempted", value=s.num_preemptions)
 
-        r.register(EngineCollector())
+# %% ../nbs/15_server.ipynb #d36d9000
+@patch
+def render(self: ServerMetrics) -> bytes:
+    "The metrics in Prometheus' text format."
+    return _need("prometheus_client").generate_latest(self.registry)
 
-    def render(self) -> bytes:
-        return _need("prometheus_client").generate_latest(self.registry)
+
+# %% ../nbs/15_server.ipynb #8e7b5c93
+class _EngineCollector:
+    "Gauges and counters of the engine's state, read at scrape time."
+
+    def __init__(self, async_engine):
+        self.async_engine = async_engine
+
+
+# %% ../nbs/15_server.ipynb #999e3f1a
+@patch
+def collect(self: _EngineCollector):
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    s = self.async_engine.stats
+    g = lambda n, d, v: GaugeMetricFamily(n, d, value=v)
+    yield g("litellama_num_requests_running", "Sequences running in the engine", s.num_running)
+    yield g("litellama_num_requests_waiting", "Sequences waiting in the engine", s.num_waiting)
+    yield g("litellama_kv_cache_free_blocks", "Free KV-cache blocks", s.num_free_blocks)
+    yield g("litellama_kv_cache_total_blocks", "KV-cache blocks in all", s.num_total_blocks)
+    yield g(
+        "litellama_kv_cache_usage_ratio",
+        "Fraction of KV-cache blocks in use",
+        1 - s.num_free_blocks / max(s.num_total_blocks, 1),
+    )
+    yield CounterMetricFamily(
+        "litellama_prefix_cache_hit_tokens",
+        "Prompt tokens served from the prefix cache",
+        value=s.prefix_cache_hit_tokens,
+    )
+    yield CounterMetricFamily("litellama_num_preemptions", "Sequences preempted", value=s.num_preemptions)
 
 
 # %% ../nbs/15_server.ipynb #f620843c
@@ -932,92 +1122,122 @@ class _Run:
         self.done = set()  # (prompt, index) of finished completions
         self.finish_reasons = {}
 
-    async def outputs(self):
-        "Yield `(prompt_index, StepOutput)` as they come; on any early exit abort what is left."
-        eng, q = self.st.engine, asyncio.Queue()
 
-        async def pump(i, ids):
-            try:
-                async for out in eng.generate(ids, self.params, request_id=self.rids[i]):
-                    q.put_nowait((i, out))
-                q.put_nowait((i, None))
-            except BaseException as e:
-                q.put_nowait((i, e if isinstance(e, Exception) else None))
-                if not isinstance(e, Exception):
-                    raise
-
-        tasks = [asyncio.create_task(pump(i, ids)) for i, ids in enumerate(self.prompts)]
-        open_ = len(tasks)
-        try:
-            while open_:
-                i, item = await q.get()
-                if item is None:
-                    open_ -= 1
-                    continue
-                if isinstance(item, RequestError):
-                    raise APIError(str(item), 500, "server_error")
-                if isinstance(item, Exception):
-                    raise APIError(str(item), param=_param_of(str(item))) if isinstance(item, ValueError) else item
-                self._account(i, item)
-                yield i, item
-            self.outcome = (
-                "success"
-                if len(self.done) == len(self.prompts) * self.params.n
-                and not any(r == "abort" for r in self.finish_reasons.values())
-                else "aborted"
-            )
-        except APIError as e:
-            self.outcome, e.counted = "error", True
+# %% ../nbs/15_server.ipynb #2f9ea599
+@patch
+async def _pump(self: _Run, q: asyncio.Queue, i: int, ids):
+    "Put prompt `i`'s outputs on `q`, then None; an exception that ends it goes on `q` too."
+    try:
+        async for out in self.st.engine.generate(ids, self.params, request_id=self.rids[i]):
+            q.put_nowait((i, out))
+        q.put_nowait((i, None))
+    except BaseException as e:
+        q.put_nowait((i, e if isinstance(e, Exception) else None))
+        if not isinstance(e, Exception):
             raise
-        except BaseException:
-            self.outcome = self.outcome or "aborted"
-            raise
-        finally:
-            for t in tasks:
-                if not t.done():
-                    t.cancel()
-            for rid in self.rids:
-                eng.abort(rid) if self.outcome != "success" else None
-            self._record()
 
-    def _account(self, i, out):
-        if out.token_ids:
-            now = time.perf_counter()
-            if self.t_first is None:
-                self.t_first = now
-                self.st.metrics.ttft.observe(now - self.t0)
-            self.num_out += len(out.token_ids)
-        if out.finished:
-            self.done.add((i, out.index))
-            self.finish_reasons[(i, out.index)] = out.finish_reason
 
-    def _record(self):
-        m = self.st.metrics
-        m.requests.labels(self.endpoint, self.outcome or "aborted").inc()
-        if self.outcome == "error":
-            return
-        for r in self.finish_reasons.values():
-            m.finish.labels(r).inc()
-        m.prompt_tokens.inc(sum(len(p) for p in self.prompts))
-        m.generation_tokens.inc(self.num_out)
-        end = time.perf_counter()
-        if self.outcome == "success":
-            m.e2e.observe(end - self.t0)
-            per_seq = self.num_out / max(len(self.done), 1)
-            if self.t_first is not None and per_seq > 1:
-                m.tpot.observe((end - self.t_first) / (per_seq - 1))
+# %% ../nbs/15_server.ipynb #b34bf7b1
+def _raise_engine_error(e: Exception):
+    "An engine failure as the HTTP error it is: a step failing is a 500, a rejected request a 400 naming the field."
+    if isinstance(e, RequestError):
+        raise APIError(str(e), 500, "server_error")
+    raise APIError(str(e), param=_param_of(str(e))) if isinstance(e, ValueError) else e
 
-    async def first(self):
-        "Start the stream and wait for its first output, so that a request the engine rejects is still a plain 400."
-        it = self.outputs()
-        try:
-            first = await it.__anext__()
-        except StopAsyncIteration:
-            first = None
-        except BaseException:
-            await it.aclose()
-            raise
-        return first, it
+
+# %% ../nbs/15_server.ipynb #794d8db7
+@patch
+async def outputs(self: _Run):
+    "Yield `(prompt_index, StepOutput)` as they come; on any early exit abort what is left."
+    q = asyncio.Queue()
+    tasks = [asyncio.create_task(self._pump(q, i, ids)) for i, ids in enumerate(self.prompts)]
+    open_ = len(tasks)
+    try:
+        while open_:
+            i, item = await q.get()
+            if item is None:
+                open_ -= 1
+                continue
+            if isinstance(item, Exception):
+                _raise_engine_error(item)
+            self._account(i, item)
+            yield i, item
+        self.outcome = self._outcome()
+    except APIError as e:
+        self.outcome, e.counted = "error", True
+        raise
+    except BaseException:
+        self.outcome = self.outcome or "aborted"
+        raise
+    finally:
+        self._close(tasks)
+
+
+# %% ../nbs/15_server.ipynb #2df63e42
+@patch
+def _outcome(self: _Run) -> str:
+    "`success` when every completion finished and none was aborted, else `aborted`."
+    complete = len(self.done) == len(self.prompts) * self.params.n
+    return "success" if complete and not any(r == "abort" for r in self.finish_reasons.values()) else "aborted"
+
+
+# %% ../nbs/15_server.ipynb #a84cec28
+@patch
+def _close(self: _Run, tasks: list):
+    "Cancel the pumps, abort the engine requests unless all went well, record the metrics."
+    for t in tasks:
+        t.cancel()  # a no-op on a task that is done
+    for rid in self.rids:
+        self.st.engine.abort(rid) if self.outcome != "success" else None
+    self._record()
+
+
+# %% ../nbs/15_server.ipynb #e52a166f
+@patch
+def _account(self: _Run, i, out):
+    if out.token_ids:
+        now = time.perf_counter()
+        if self.t_first is None:
+            self.t_first = now
+            self.st.metrics.ttft.observe(now - self.t0)
+        self.num_out += len(out.token_ids)
+    if out.finished:
+        self.done.add((i, out.index))
+        self.finish_reasons[(i, out.index)] = out.finish_reason
+
+
+# %% ../nbs/15_server.ipynb #0485f468
+@patch
+def _record(self: _Run):
+    m = self.st.metrics
+    m.requests.labels(self.endpoint, self.outcome or "aborted").inc()
+    if self.outcome == "error":
+        return
+    for r in self.finish_reasons.values():
+        m.finish.labels(r).inc()
+    m.prompt_tokens.inc(sum(len(p) for p in self.prompts))
+    m.generation_tokens.inc(self.num_out)
+    end = time.perf_counter()
+    if self.outcome == "success":
+        m.e2e.observe(end - self.t0)
+        per_seq = self.num_out / max(len(self.done), 1)
+        if self.t_first is not None and per_seq > 1:
+            m.tpot.observe((end - self.t_first) / (per_seq - 1))
+
+
+# %% ../nbs/15_server.ipynb #8c79938d
+@patch
+async def first(self: _Run):
+    "Start the stream and wait for its first output, so that a request the engine rejects is still a plain 400."
+    it = self.outputs()
+    try:
+        first = await it.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await it.aclose()
+        raise
+    return first, it
 
 
 # %% ../nbs/15_server.ipynb #fa4bbd77
@@ -1029,14 +1249,17 @@ def _usage(prompt_tokens, completion_tokens) -> dict:
     }
 
 
+# %% ../nbs/15_server.ipynb #adb62ddb
 def _finish(reason):
     return {"stop": "stop", "length": "length"}.get(reason, reason)
 
 
+# %% ../nbs/15_server.ipynb #e8d0fde8
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+# %% ../nbs/15_server.ipynb #e7e088df
 async def _outputs(first, it):
     "A request's outputs: the one already awaited (if any), then the rest."
     if first is not None:
@@ -1045,9 +1268,10 @@ async def _outputs(first, it):
         yield x
 
 
+# %% ../nbs/15_server.ipynb #3f0bf9c6
 def _event_stream(st, req, cid, created, obj, chunks, it, usage):
-    """Server-sent events for a streamed request: every choice list `chunks(chunk)` yields, wrapped in the `obj`
-    envelope by `chunk`, then the usage chunk if asked, then `[DONE]`; an error after the headers is reported in-band."""
+    """Server-sent events for a streamed request: every choice list `chunks()` yields, wrapped in the `obj`
+    envelope, then the usage chunk if asked, then `[DONE]`; an error after the headers is reported in-band."""
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     chunk = lambda choices: {
         "id": cid,
@@ -1077,7 +1301,7 @@ def _event_stream(st, req, cid, created, obj, chunks, it, usage):
 
 # %% ../nbs/15_server.ipynb #f9eedc45
 async def _collect(items, key):
-    "Concatenate a request's streamed outputs per choice `key(prompt_index, out)`: text, token ids, logprobs, finish reasons."
+    "Join a request's streamed outputs per choice `key(prompt_index, out)`: text, token ids, logprobs, finish reasons."
     text, toks, lps, reasons = {}, {}, {}, {}
     async for i, out in items:
         k = key(i, out)
@@ -1090,10 +1314,22 @@ async def _collect(items, key):
 
 
 # %% ../nbs/15_server.ipynb #9de41e10
-async def completions(st, req):
-    "POST /v1/completions: one choice per (prompt, n), `index = prompt_index * n + i`."
+async def _echo_logprobs(st, req, prompts) -> list:
+    "Per prompt, with `echo` and `logprobs`: the prompt's own logprobs, scored between engine steps (else None)."
+    if not (req.echo and req.logprobs is not None):
+        return [None] * len(prompts)
+    try:
+        plps = [await st.engine.prompt_logprobs(ids, req.logprobs) for ids in prompts]
+    except (ValueError, AttributeError) as e:
+        raise APIError(f"echo with logprobs: {e}", param="echo") from None
+    tok = st.engine.engine.tokenizer
+    return [echo_logprobs(tok, ids, plp, req.logprobs) for ids, plp in zip(prompts, plps, strict=True)]
+
+
+# %% ../nbs/15_server.ipynb #7dbbb3ee
+async def _completion_prompts(st, req, params: SamplingParams) -> tuple:
+    "`(ids, heads, echo logprobs)` per prompt of a completion, checked against the context; heads: the echoed text."
     eng = st.engine.engine
-    params = sampling_params(req, default_max_tokens=16, logprobs=req.logprobs, limits=st.limits)
     raw = split_prompts(req.prompt)
     for p in raw:
         if isinstance(p, str):
@@ -1101,73 +1337,72 @@ async def completions(st, req):
     prompts = await asyncio.to_thread(lambda: [prompt_ids(eng, p) for p in raw])  # off the event loop
     for ids in prompts:
         check_length(eng, ids, params)
-    heads = (
-        await asyncio.to_thread(
-            lambda: [p if isinstance(p, str) else eng.tokenizer.decode(ids) for p, ids in zip(raw, prompts)]
-        )
-        if req.echo
-        else [""] * len(raw)
-    )
-    echo_lp = [None] * len(prompts)
-    if req.echo and req.logprobs is not None:  # the prompt's own logprobs, scored between engine steps
-        try:
-            plps = [await st.engine.prompt_logprobs(ids, req.logprobs) for ids in prompts]
-        except (ValueError, AttributeError) as e:
-            raise APIError(f"echo with logprobs: {e}", param="echo") from None
-        echo_lp = [echo_logprobs(eng.tokenizer, ids, plp, req.logprobs) for ids, plp in zip(prompts, plps)]
+    decode = lambda: [
+        p if isinstance(p, str) else eng.tokenizer.decode(ids) for p, ids in zip(raw, prompts, strict=True)
+    ]
+    heads = await asyncio.to_thread(decode) if req.echo else [""] * len(raw)
+    return prompts, heads, await _echo_logprobs(st, req, prompts)
+
+
+# %% ../nbs/15_server.ipynb #b8ce3aa3
+def _completion_lp(tokenizer, n_logprobs, toks, lps, offset):
+    "The legacy logprobs of some generated tokens, or None when the request asked for none."
+    return completion_logprobs(tokenizer, toks, lps or [], n_logprobs, offset) if n_logprobs is not None else None
+
+
+# %% ../nbs/15_server.ipynb #fb54b56e
+async def _completion_choices(req, c, first, it) -> list:
+    "Every choice of a non-streamed completion; `c` holds the request's prompts, heads and settings."
+    n = c.n
+    text, toks, lps, reasons = await _collect(_outputs(first, it), lambda i, out: i * n + out.index)
+    return [
+        {
+            "index": k,
+            "text": c.heads[k // n] + text.get(k, ""),
+            "logprobs": None
+            if req.logprobs is None
+            else join_logprobs(c.echo_lp[k // n], c.lp(toks.get(k, []), lps.get(k), len(c.heads[k // n]))),
+            "finish_reason": _finish(reasons.get(k)),
+        }
+        for k in range(len(c.prompts) * n)
+    ]
+
+
+# %% ../nbs/15_server.ipynb #d2b7a370
+async def _completion_chunks(req, c, first, it):
+    "The choice lists of a streamed completion: the echoed prompts first, then one per output."
+    n = c.n
+    offsets = {k: len(c.heads[k // n]) for k in range(len(c.prompts) * n)}  # text_offset: where each token starts
+    if req.echo:
+        for k in range(len(c.prompts) * n):
+            yield [{"index": k, "text": c.heads[k // n], "logprobs": c.echo_lp[k // n], "finish_reason": None}]
+    async for i, out in _outputs(first, it):
+        k = i * n + out.index
+        if not (out.delta or out.token_ids or out.finished):
+            continue
+        lp = c.lp(out.token_ids, out.logprobs, offsets[k])
+        if lp and lp["tokens"]:
+            offsets[k] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+        reason = _finish(out.finish_reason) if out.finished else None
+        yield [{"index": k, "text": out.delta, "logprobs": lp, "finish_reason": reason}]
+
+
+# %% ../nbs/15_server.ipynb #d3696659
+async def completions(st, req):
+    "POST /v1/completions: one choice per (prompt, n), `index = prompt_index * n + i`."
+    params = sampling_params(req, default_max_tokens=16, logprobs=req.logprobs, limits=st.limits)
+    prompts, heads, echo_lp = await _completion_prompts(st, req, params)
     run = _Run(st, prompts, params, "completions")
     first, it = await run.first()
-    cid, created, n = f"cmpl-{uuid.uuid4().hex}", int(time.time()), params.n
+    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    lp = functools.partial(_completion_lp, st.engine.engine.tokenizer, req.logprobs)
+    c = SimpleNamespace(n=params.n, prompts=prompts, heads=heads, echo_lp=echo_lp, lp=lp)
     usage = lambda: _usage(sum(map(len, prompts)), run.num_out)
-    lp = lambda toks, lps, off: (
-        completion_logprobs(eng.tokenizer, toks, lps or [], req.logprobs, off) if req.logprobs is not None else None
-    )
-
     if not req.stream:
-        text, toks, lps, reasons = await _collect(_outputs(first, it), lambda i, out: i * n + out.index)
-        choices = [
-            {
-                "index": k,
-                "text": heads[k // n] + text.get(k, ""),
-                "logprobs": None
-                if req.logprobs is None
-                else join_logprobs(echo_lp[k // n], lp(toks.get(k, []), lps.get(k), len(heads[k // n]))),
-                "finish_reason": _finish(reasons.get(k)),
-            }
-            for k in range(len(prompts) * n)
-        ]
-        return {
-            "id": cid,
-            "object": "text_completion",
-            "created": created,
-            "model": st.model_name,
-            "choices": choices,
-            "usage": usage(),
-        }
-
-    async def chunks():
-        offsets = {
-            k: len(heads[k // n]) for k in range(len(prompts) * n)
-        }  # text_offset: where each token's text starts
-        if req.echo:
-            for k in range(len(prompts) * n):
-                yield [{"index": k, "text": heads[k // n], "logprobs": echo_lp[k // n], "finish_reason": None}]
-        async for i, out in _outputs(first, it):
-            k = i * n + out.index
-            if not (out.delta or out.token_ids or out.finished):
-                continue
-            l = lp(out.token_ids, out.logprobs, offsets[k])
-            if l and l["tokens"]:
-                offsets[k] = l["text_offset"][-1] + len(l["tokens"][-1])
-            yield [
-                {
-                    "index": k,
-                    "text": out.delta,
-                    "logprobs": l,
-                    "finish_reason": _finish(out.finish_reason) if out.finished else None,
-                }
-            ]
-
+        choices = await _completion_choices(req, c, first, it)
+        body = {"id": cid, "object": "text_completion", "created": created, "model": st.model_name}
+        return {**body, "choices": choices, "usage": usage()}
+    chunks = lambda: _completion_chunks(req, c, first, it)
     return _event_stream(st, req, cid, created, "text_completion", chunks, it, usage)
 
 
@@ -1176,11 +1411,13 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+# %% ../nbs/15_server.ipynb #080d4759
 def _tool_calls(calls: list) -> list:
     "OpenAI's `tool_calls` for `[{name, arguments}]`."
     return [{"id": _call_id(), "type": "function", "function": c} for c in calls]
 
 
+# %% ../nbs/15_server.ipynb #1b64173e
 def _forced_calls(text: str, mode: str, name: str | None) -> list | None:
     "The calls a forced (grammar-constrained) reply holds: `[{name, arguments}]`, or None if it was cut short."
     try:
@@ -1192,8 +1429,9 @@ def _forced_calls(text: str, mode: str, name: str | None) -> list | None:
     return [{"name": c["name"], "arguments": json.dumps(c["parameters"], ensure_ascii=False)} for c in obj]
 
 
+# %% ../nbs/15_server.ipynb #5247bbc5
 def _chat_message(text: str, mode: str, name, hermes: bool, reason) -> tuple:
-    "`(message, finish_reason)` of a whole reply: its tool calls taken out of it (forced, or Hermes-style under `auto`)."
+    "`(message, finish_reason)` of a whole reply, its tool calls taken out (forced, or Hermes-style under `auto`)."
     calls = None
     if mode in ("named", "required"):
         calls = _forced_calls(text, mode, name)
@@ -1209,90 +1447,106 @@ def _chat_message(text: str, mode: str, name, hermes: bool, reason) -> tuple:
     ) if reason == "stop" else _finish(reason)
 
 
-async def chat_completions(st, req):
-    "POST /v1/chat/completions."
-    eng = st.engine.engine
+# %% ../nbs/15_server.ipynb #08b9d89d
+def _chat_top_logprobs(req):
+    "How many alternatives per token a chat asks for (None: no logprobs at all)."
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
         raise APIError(f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")
-    nlp = (req.top_logprobs or 0) if req.logprobs else None
+    return (req.top_logprobs or 0) if req.logprobs else None
+
+
+# %% ../nbs/15_server.ipynb #c66690c5
+def _offered_tools(req, mode: str, tokenizer):
+    "The tools the prompt shows: forced ones always, `auto` ones when the template takes them."
+    forced = mode in ("named", "required")
+    return req.tools if forced or (mode == "auto" and template_has_tools(tokenizer)) else None
+
+
+# %% ../nbs/15_server.ipynb #62c54982
+async def _chat_first(run: _Run, grammar):
+    "The first output; a grammar error names `tools` when the grammar came from the tools."
+    try:
+        return await run.first()
+    except APIError as e:
+        if grammar is not None and e.param == "response_format":
+            e.param = "tools"  # the grammar came from the tools
+        raise
+
+
+# %% ../nbs/15_server.ipynb #f16489cf
+async def _chat_choices(c, first, it) -> list:
+    "Every choice of a non-streamed chat; `c` holds the request's settings."
+    text, toks, lps, reasons = await _collect(_outputs(first, it), lambda i, out: out.index)
+    choices = []
+    for k in range(c.n):
+        message, reason = _chat_message(text.get(k, ""), c.mode, c.fname, c.hermes, reasons.get(k))
+        choices.append(
+            {
+                "index": k,
+                "message": message,
+                "finish_reason": reason,
+                "logprobs": {"content": chat_logprobs(c.tokenizer, toks.get(k, []), lps.get(k, []), c.nlp)}
+                if c.logprobs
+                else None,
+            }
+        )
+    return choices
+
+
+# %% ../nbs/15_server.ipynb #1b2d1048
+async def _chat_chunks(c, first, it):
+    "The choice lists of a streamed chat."
+    tools = {k: _ToolStream(c.mode, c.fname, c.hermes) for k in range(c.n)} if c.mode != "none" else {}
+    for k in range(c.n):
+        yield [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+    async for _, out in _outputs(first, it):
+        if not (out.delta or out.token_ids or out.finished):
+            continue
+        lp = {"content": chat_logprobs(c.tokenizer, out.token_ids, out.logprobs or [], c.nlp)} if c.logprobs else None
+        k, reason = out.index, _finish(out.finish_reason) if out.finished else None
+        deltas = tools[k].feed(out.delta, out.finished) if k in tools else [{"content": out.delta}] if out.delta else []
+        if out.finished and k in tools:
+            reason = tools[k].finish_reason(out.finish_reason)
+        if not deltas:
+            deltas = [{} if out.finished else {"content": ""}]
+        for j, d in enumerate(deltas):
+            last = j == len(deltas) - 1
+            yield [
+                {"index": k, "delta": d, "logprobs": lp if last else None, "finish_reason": reason if last else None}
+            ]
+
+
+# %% ../nbs/15_server.ipynb #63724f71
+async def chat_completions(st, req):
+    "POST /v1/chat/completions."
+    eng = st.engine.engine
+    nlp = _chat_top_logprobs(req)
     mode, fname = tool_choice_of(req)
     schema = tool_call_schema(req.tools, mode, fname, req.parallel_tool_calls)
     grammar = StructuredOutputsParams(json=schema) if schema is not None else None
     params = sampling_params(req, default_max_tokens=None, logprobs=nlp, limits=st.limits, tool_grammar=grammar)
     check_chars(sum(len(_content(m)) for m in req.messages), eng.max_model_len, st.token_chars, st.limits, "messages")
     hermes = TOOL_OPEN in str(getattr(eng.tokenizer, "chat_template", None) or "")
-    offered = (
-        req.tools if mode in ("named", "required") or (mode == "auto" and template_has_tools(eng.tokenizer)) else None
-    )
-    ids = await asyncio.to_thread(
-        lambda: chat_prompt_ids(st, eng, req.messages, offered)
-    )  # with images: TokensWithImages
+    offered = _offered_tools(req, mode, eng.tokenizer)
+    ids = await asyncio.to_thread(lambda: chat_prompt_ids(st, eng, req.messages, offered))  # maybe TokensWithImages
     check_length(eng, ids, params)
     run = _Run(st, [ids], params, "chat_completions")
-    try:
-        first, it = await run.first()
-    except APIError as e:
-        if grammar is not None and e.param == "response_format":
-            e.param = "tools"  # the grammar came from the tools
-        raise
-    cid, created, n = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), params.n
+    first, it = await _chat_first(run, grammar)
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    c = SimpleNamespace(n=params.n, mode=mode, fname=fname, hermes=hermes, tokenizer=eng.tokenizer)
+    c.logprobs, c.nlp = req.logprobs, nlp
     usage = lambda: _usage(len(ids), run.num_out)
-
     if not req.stream:
-        text, toks, lps, reasons = await _collect(_outputs(first, it), lambda i, out: out.index)
-        choices = []
-        for k in range(n):
-            message, reason = _chat_message(text.get(k, ""), mode, fname, hermes, reasons.get(k))
-            choices.append(
-                {
-                    "index": k,
-                    "message": message,
-                    "finish_reason": reason,
-                    "logprobs": {"content": chat_logprobs(eng.tokenizer, toks.get(k, []), lps.get(k, []), nlp)}
-                    if req.logprobs
-                    else None,
-                }
-            )
-        return {
-            "id": cid,
-            "object": "chat.completion",
-            "created": created,
-            "model": st.model_name,
-            "choices": choices,
-            "usage": usage(),
-        }
-
-    async def chunks():
-        tools = {k: _ToolStream(mode, fname, hermes) for k in range(n)} if mode != "none" else {}
-        for k in range(n):
-            yield [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
-        async for _, out in _outputs(first, it):
-            if not (out.delta or out.token_ids or out.finished):
-                continue
-            l = (
-                {"content": chat_logprobs(eng.tokenizer, out.token_ids, out.logprobs or [], nlp)}
-                if req.logprobs
-                else None
-            )
-            k, reason = out.index, _finish(out.finish_reason) if out.finished else None
-            deltas = (
-                tools[k].feed(out.delta, out.finished) if k in tools else [{"content": out.delta}] if out.delta else []
-            )
-            if out.finished and k in tools:
-                reason = tools[k].finish_reason(out.finish_reason)
-            if not deltas:
-                deltas = [{} if out.finished else {"content": ""}]
-            for j, d in enumerate(deltas):
-                last = j == len(deltas) - 1
-                yield [
-                    {"index": k, "delta": d, "logprobs": l if last else None, "finish_reason": reason if last else None}
-                ]
-
+        choices = await _chat_choices(c, first, it)
+        body = {"id": cid, "object": "chat.completion", "created": created, "model": st.model_name}
+        return {**body, "choices": choices, "usage": usage()}
+    chunks = lambda: _chat_chunks(c, first, it)
     return _event_stream(st, req, cid, created, "chat.completion.chunk", chunks, it, usage)
 
 
+# %% ../nbs/15_server.ipynb #819ff25f
 class _ToolStream:
     "One streamed choice's deltas under tools: content, and `tool_calls` deltas as calls complete."
 
@@ -1300,41 +1554,12 @@ class _ToolStream:
         self.mode, self.name, self.hermes, self.calls, self.text = mode, name, hermes, 0, ""
         self.parser = HermesToolParser() if mode == "auto" and hermes else None
 
-    def _call_deltas(self, calls) -> list:
-        out = []
-        for c in calls:
-            out.append({"tool_calls": [{"index": self.calls, "id": _call_id(), "type": "function", "function": c}]})
-            self.calls += 1
-        return out
-
     def feed(self, delta: str, finished: bool) -> list:
         "The deltas for a piece of text (and, when `finished`, for what was held back)."
-        if self.mode == "named":  # the text is the arguments: stream it as they come
-            out = []
-            if delta or (finished and not self.calls):
-                if not self.calls:
-                    out.append(
-                        {
-                            "tool_calls": [
-                                {
-                                    "index": 0,
-                                    "id": _call_id(),
-                                    "type": "function",
-                                    "function": {"name": self.name, "arguments": delta},
-                                }
-                            ]
-                        }
-                    )
-                    self.calls = 1
-                else:
-                    out.append({"tool_calls": [{"index": 0, "function": {"arguments": delta}}]})
-            return out
-        if self.mode == "required":  # a JSON list: its calls are known once it is whole
-            self.text += delta
-            if not finished:
-                return []
-            calls = _forced_calls(self.text, "required", None)
-            return self._call_deltas(calls) if calls else ([{"content": self.text}] if self.text else [])
+        if self.mode == "named":
+            return self._named_deltas(delta, finished)
+        if self.mode == "required":
+            return self._required_deltas(delta, finished)
         if self.parser is None:
             return [{"content": delta}] if delta else []
         evs = self.parser.feed(delta) + (self.parser.finish() if finished else [])
@@ -1343,10 +1568,47 @@ class _ToolStream:
             out += [{"content": v}] if kind == "content" else self._call_deltas([v])
         return out
 
-    def finish_reason(self, reason):
-        if reason != "stop" or not self.calls:
-            return _finish(reason)
-        return "stop" if self.mode == "named" else "tool_calls"
+
+# %% ../nbs/15_server.ipynb #6103720a
+@patch
+def _call_deltas(self: _ToolStream, calls) -> list:
+    out = []
+    for c in calls:
+        out.append({"tool_calls": [{"index": self.calls, "id": _call_id(), "type": "function", "function": c}]})
+        self.calls += 1
+    return out
+
+
+# %% ../nbs/15_server.ipynb #e71cf139
+@patch
+def _named_deltas(self: _ToolStream, delta: str, finished: bool) -> list:
+    "A named call: the text is its arguments, streamed as they come; the first delta opens the call."
+    if not (delta or (finished and not self.calls)):
+        return []
+    if self.calls:
+        return [{"tool_calls": [{"index": 0, "function": {"arguments": delta}}]}]
+    call = {"index": 0, "id": _call_id(), "type": "function", "function": {"name": self.name, "arguments": delta}}
+    self.calls = 1
+    return [{"tool_calls": [call]}]
+
+
+# %% ../nbs/15_server.ipynb #b996fefa
+@patch
+def _required_deltas(self: _ToolStream, delta: str, finished: bool) -> list:
+    "`required`: a JSON list, whose calls are known once it is whole (cut short: it stays content)."
+    self.text += delta
+    if not finished:
+        return []
+    calls = _forced_calls(self.text, "required", None)
+    return self._call_deltas(calls) if calls else ([{"content": self.text}] if self.text else [])
+
+
+# %% ../nbs/15_server.ipynb #e4e61338
+@patch
+def finish_reason(self: _ToolStream, reason):
+    if reason != "stop" or not self.calls:
+        return _finish(reason)
+    return "stop" if self.mode == "named" else "tool_calls"
 
 
 # %% ../nbs/15_server.ipynb #051adb99
@@ -1356,17 +1618,18 @@ def _error_response(e: APIError):
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+# %% ../nbs/15_server.ipynb #96e6bbac
 def _validation_message(errors) -> tuple:
     "One readable line and the offending field from pydantic's error list."
     if not errors:
         return "invalid request", None
     e = errors[0]
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-    field = ".".join(loc) or None
-    msg = e.get("msg", "invalid value")
+    field, msg = ".".join(loc) or None, e.get("msg", "invalid value")
     return (f"{field}: {msg}" if field else msg), (loc[0] if loc else None)
 
 
+# %% ../nbs/15_server.ipynb #4979bce0
 def _is_json(content_type: str | None) -> bool:
     "Is this Content-Type JSON? (None: the client sent none, and gets the benefit of the doubt.)"
     if content_type is None:
@@ -1375,6 +1638,7 @@ def _is_json(content_type: str | None) -> bool:
     return t == "application/json" or (t.startswith("application/") and t.endswith("+json"))
 
 
+# %% ../nbs/15_server.ipynb #76316d45
 def _decode(raw: bytes, model):
     from pydantic import ValidationError
 
@@ -1391,6 +1655,7 @@ def _decode(raw: bytes, model):
         raise APIError(msg, param=param) from None
 
 
+# %% ../nbs/15_server.ipynb #9bb1cb10
 async def _parse(request, model, max_bytes: int = ServerLimits.max_request_bytes):
     "The request body as `model`, or an `APIError` saying what is wrong: 415 not JSON, 413 too large, 400 invalid."
     ctype = request.headers.get("content-type")
@@ -1424,27 +1689,25 @@ class BearerAuth:
         if scope["type"] == "http" and scope["path"] not in self.open_paths:
             got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not (got.startswith(b"Bearer ") and secrets.compare_digest(got[7:].strip(), self.key)):
-                response = _error_response(
-                    APIError(
-                        "Incorrect API key provided."
-                        if got
-                        else "Missing API key: send `Authorization: Bearer <key>`.",
-                        401,
-                        "authentication_error",
-                        code="invalid_api_key",
-                    )
-                )
-                return await response(scope, receive, send)
+                return await _error_response(_auth_error(got))(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+# %% ../nbs/15_server.ipynb #12a33cd2
+def _auth_error(got: bytes) -> APIError:
+    "OpenAI's 401: a wrong key, or none at all."
+    msg = "Incorrect API key provided." if got else "Missing API key: send `Authorization: Bearer <key>`."
+    return APIError(msg, 401, "authentication_error", code="invalid_api_key")
 
 
 # %% ../nbs/15_server.ipynb #15a30004
 DISCONNECT_POLL_S = 0.1
 
 
+# %% ../nbs/15_server.ipynb #bc60fe2c
 async def _unless_disconnected(request, coro, poll: float = DISCONNECT_POLL_S):
-    """Await `coro` while the client is connected; if it leaves first, cancel `coro` (which aborts its engine requests)
-    and return None."""
+    """Await `coro` while the client is connected; if it leaves first, cancel `coro` (which aborts its engine
+    requests) and return None."""
     task = asyncio.ensure_future(coro)
     try:
         while True:
@@ -1464,18 +1727,9 @@ async def _unless_disconnected(request, coro, poll: float = DISCONNECT_POLL_S):
 
 
 # %% ../nbs/15_server.ipynb #54c05345
-def build_app(async_engine, served_model_name: str, api_key: str | None = None, limits: ServerLimits | None = None):
-    "A FastAPI app serving `async_engine` under the model name `served_model_name`, within `limits`."
-    fastapi = _need("fastapi")
+def _lifespan(async_engine):
+    "Start the engine at startup unless it runs already (then also stop it at shutdown)."
     from contextlib import asynccontextmanager
-    from types import SimpleNamespace
-
-    from fastapi import Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from starlette.exceptions import HTTPException
-
-    S = schemas()
 
     @asynccontextmanager
     async def lifespan(app):
@@ -1488,8 +1742,13 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None, 
             if started:
                 await async_engine.shutdown()
 
-    app = fastapi.FastAPI(title="litellama", lifespan=lifespan)
-    st = app.state.litellama = SimpleNamespace(
+    return lifespan
+
+
+# %% ../nbs/15_server.ipynb #b1c07cda
+def _app_state(async_engine, served_model_name: str, limits: ServerLimits | None) -> SimpleNamespace:
+    "What every handler reads: the engine, the served name, the metrics, the limits."
+    return SimpleNamespace(
         engine=async_engine,
         model_name=served_model_name,
         metrics=ServerMetrics(async_engine),
@@ -1497,6 +1756,12 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None, 
         limits=limits or ServerLimits(),
         token_chars=max_token_chars(async_engine.engine.tokenizer),
     )
+
+
+# %% ../nbs/15_server.ipynb #81463c5e
+def _add_error_handlers(app):
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError):
@@ -1518,62 +1783,62 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None, 
     async def _crash(request, e):
         return _error_response(APIError(f"internal error: {type(e).__name__}: {e}", 500, "server_error"))
 
-    if api_key is not None:
-        app.add_middleware(BearerAuth, api_key=api_key)
-    app.openapi = lambda: app.openapi_schema or setattr(app, "openapi_schema", openapi_spec(app)) or app.openapi_schema
 
-    def check_model(name):
-        if name != served_model_name:
-            raise APIError(
-                f"The model `{name}` does not exist; this server serves `{served_model_name}`.",
-                404,
-                "invalid_request_error",
-                "model",
-                "model_not_found",
-            )
+# %% ../nbs/15_server.ipynb #2d39ad47
+def _check_model(name: str, served: str):
+    if name != served:
+        msg = f"The model `{name}` does not exist; this server serves `{served}`."
+        raise APIError(msg, 404, "invalid_request_error", "model", "model_not_found")
 
+
+# %% ../nbs/15_server.ipynb #8f3d167b
+def _add_model_routes(app, st):
     @app.get("/v1/models")
     async def models():
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": served_model_name,
-                    "object": "model",
-                    "created": st.created,
-                    "owned_by": "litellama",
-                    "max_model_len": async_engine.engine.max_model_len,
-                }
-            ],
-        }
+        card = {"id": st.model_name, "object": "model", "created": st.created, "owned_by": "litellama"}
+        return {"object": "list", "data": [{**card, "max_model_len": st.engine.engine.max_model_len}]}
 
-    async def generation(request, schema, handler):
-        req = await _parse(request, schema, st.limits.max_request_bytes)
-        check_model(req.model)
-        try:
-            res = await _unless_disconnected(request, handler(st, req))
-        except APIError as e:
-            if not e.counted:
-                st.metrics.requests.labels(handler.__name__, "error").inc()
-            raise
-        if res is None:
-            return Response(status_code=499)  # the client left; nobody reads this
-        if isinstance(res, dict):
-            return JSONResponse(res)
-        return StreamingResponse(res, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+# %% ../nbs/15_server.ipynb #4ec9cfc2
+async def _generation(st, request, schema, handler):
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    req = await _parse(request, schema, st.limits.max_request_bytes)
+    _check_model(req.model, st.model_name)
+    try:
+        res = await _unless_disconnected(request, handler(st, req))
+    except APIError as e:
+        if not e.counted:
+            st.metrics.requests.labels(handler.__name__, "error").inc()
+        raise
+    if res is None:
+        return Response(status_code=499)  # the client left; nobody reads this
+    if isinstance(res, dict):
+        return JSONResponse(res)
+    return StreamingResponse(res, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# %% ../nbs/15_server.ipynb #3072d9ec
+def _add_generation_routes(app, st, S):
+    from fastapi import Request
 
     @app.post("/v1/completions")
     async def _completions(request: Request):
-        return await generation(request, S.CompletionRequest, completions)
+        return await _generation(st, request, S.CompletionRequest, completions)
 
     @app.post("/v1/chat/completions")
     async def _chat(request: Request):
-        return await generation(request, S.ChatRequest, chat_completions)
+        return await _generation(st, request, S.ChatRequest, chat_completions)
+
+
+# %% ../nbs/15_server.ipynb #7db49a7d
+def _add_status_routes(app, st):
+    "`/health` (503 once the engine stopped) and `/metrics`."
+    from fastapi.responses import JSONResponse, Response
 
     @app.get("/health")
     async def health():
-        s = async_engine.stats
-        ok = async_engine.is_running
+        s, ok = st.engine.stats, st.engine.is_running
         return JSONResponse(
             {
                 "status": "ok" if ok else "stopped",
@@ -1589,10 +1854,15 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None, 
     async def metrics():
         return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+
+# %% ../nbs/15_server.ipynb #0fef701c
+def _add_tokenize_route(app, st, S):
+    from fastapi import Request
+
     @app.post("/tokenize")
     async def tokenize(request: Request):
         req = await _parse(request, S.TokenizeRequest, st.limits.max_request_bytes)
-        eng = async_engine.engine
+        eng = st.engine.engine
         if (req.prompt is None) == (req.messages is None):
             raise APIError("give exactly one of `prompt` and `messages`")
         ids = await asyncio.to_thread(
@@ -1604,15 +1874,37 @@ def build_app(async_engine, served_model_name: str, api_key: str | None = None, 
         )
         return {"tokens": ids, "count": len(ids), "max_model_len": eng.max_model_len}
 
+
+# %% ../nbs/15_server.ipynb #1b237cc4
+def _add_detokenize_route(app, st, S):
+    from fastapi import Request
+
     @app.post("/detokenize")
     async def detokenize(request: Request):
         req = await _parse(request, S.DetokenizeRequest, st.limits.max_request_bytes)
-        eng = async_engine.engine
+        eng = st.engine.engine
         V = eng.config.vocab_size
         if not all(0 <= t < V for t in req.tokens):
             raise APIError(f"token ids must be in [0, {V})", param="tokens")
         return {"prompt": await asyncio.to_thread(eng.tokenizer.decode, req.tokens)}
 
+
+# %% ../nbs/15_server.ipynb #797b3639
+def build_app(async_engine, served_model_name: str, api_key: str | None = None, limits: ServerLimits | None = None):
+    "A FastAPI app serving `async_engine` under the model name `served_model_name`, within `limits`."
+    fastapi = _need("fastapi")
+    S = schemas()
+    app = fastapi.FastAPI(title="litellama", lifespan=_lifespan(async_engine))
+    st = app.state.litellama = _app_state(async_engine, served_model_name, limits)
+    _add_error_handlers(app)
+    if api_key is not None:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    app.openapi = lambda: app.openapi_schema or setattr(app, "openapi_schema", openapi_spec(app)) or app.openapi_schema
+    _add_model_routes(app, st)
+    _add_generation_routes(app, st, S)
+    _add_status_routes(app, st)
+    _add_tokenize_route(app, st, S)
+    _add_detokenize_route(app, st, S)
     return app
 
 
@@ -1621,10 +1913,9 @@ GRACEFUL_SHUTDOWN_S = 10
 SWITCH_INTERVAL_S = 0.001  # how long the engine thread may keep the GIL while the event loop waits for it
 
 
+# %% ../nbs/15_server.ipynb #b47c59bb
 def _quiet_loop():
-    """Keep the event loop's waits short: the engine thread holds the GIL between the device's kernels, and the loop, which
-    needs it for every wake-up, waits up to the switch interval each time (5 ms by default; a /health answer takes several);
-    and freeze what loading made, so that the collector's full passes no longer walk the model's objects."""
+    "Shorten the GIL switch interval (the loop's waits for the engine thread) and freeze what loading made."
     import gc
     import sys
 
@@ -1633,6 +1924,17 @@ def _quiet_loop():
     gc.freeze()
 
 
+# %% ../nbs/15_server.ipynb #eefeabe8
+def _run_uvicorn(uvicorn, app, host: str, port: int):
+    "Serve `app` until SIGTERM or Ctrl-C; a requested shutdown is no error (see above)."
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    stopped = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: stopped.append(s))
+    uvicorn.Server(config).run()
+
+
+# %% ../nbs/15_server.ipynb #b634d486
 def serve(
     model_dir=None,
     host: str = "127.0.0.1",
@@ -1654,11 +1956,7 @@ def serve(
     app = build_app(engine, name, api_key=api_key, limits=limits)
     app.state.litellama.allowed_local_media_path = allowed_local_media_path  # image files may come from here only
     _quiet_loop()
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    stopped = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, f: stopped.append(s))
-    uvicorn.Server(config).run()
+    _run_uvicorn(uvicorn, app, host, port)
     return 0
 
 
@@ -1672,19 +1970,20 @@ def _pct(xs, q):
     return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
 
 
-async def _one_request(client, url, model, prompt, max_tokens, api_key=None, response_format=None):
-    "Stream one completion; time its first token and its end (and keep its text when it follows a `response_format`)."
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+# %% ../nbs/15_server.ipynb #6bd05924
+def _bench_body(model, prompt, max_tokens, response_format=None) -> dict:
+    "One benchmark request: greedy, `ignore_eos` so its length is fixed, streamed with usage."
+    body = dict(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True, stream=True)
+    body["stream_options"] = {"include_usage": True}
     if response_format is not None:
         body["response_format"] = response_format
+    return body
+
+
+# %% ../nbs/15_server.ipynb #20e06259
+async def _one_request(client, url, model, prompt, max_tokens, api_key=None, response_format=None):
+    "Stream one completion; time its first token and its end (and keep its text when it follows a `response_format`)."
+    body = _bench_body(model, prompt, max_tokens, response_format)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     t0 = time.perf_counter()
     ttft, n_out, text, reason = None, 0, [], None
@@ -1711,27 +2010,19 @@ async def _one_request(client, url, model, prompt, max_tokens, api_key=None, res
     return out
 
 
-async def _bench_rate(base_url, model, rate, prompts, max_tokens, rng, api_key, formats=None):
-    httpx = _need("httpx")
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+# %% ../nbs/15_server.ipynb #0630ab3f
+def _arrivals(n: int, rate: float, rng) -> list:
+    "`n` arrival times of a Poisson process at `rate` per second (`inf`: all at once)."
+    t, delays = 0.0, []
+    for _ in range(n):
+        delays.append(t)
+        t += 0.0 if math.isinf(rate) else rng.expovariate(rate)
+    return delays
 
-        async def later(delay, p, rf):
-            await asyncio.sleep(delay)
-            try:
-                return await _one_request(client, base_url, model, p, max_tokens, api_key, rf)
-            except Exception as e:
-                return {"error": str(e)}
 
-        t, delays = 0.0, []
-        for _ in prompts:
-            delays.append(t)
-            t += 0.0 if math.isinf(rate) else rng.expovariate(rate)
-        t0 = time.perf_counter()
-        res = await asyncio.gather(
-            *[later(d, p, rf) for d, p, rf in zip(delays, prompts, formats or [None] * len(prompts))]
-        )
-        dur = time.perf_counter() - t0
+# %% ../nbs/15_server.ipynb #9a9552d9
+def _rate_summary(rate, prompts, res: list, dur: float, formats) -> dict:
+    "Throughput and latency percentiles of one rate's results; failures counted, their first errors kept."
     ok = [r for r in res if "error" not in r]
     col = lambda k: [r[k] for r in ok if r.get(k) is not None]
     out = {
@@ -1753,6 +2044,28 @@ async def _bench_rate(base_url, model, rate, prompts, max_tokens, rng, api_key, 
     return out
 
 
+# %% ../nbs/15_server.ipynb #9b9dec89
+async def _bench_rate(base_url, model, rate, prompts, max_tokens, rng, api_key, formats=None):
+    httpx = _need("httpx")
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+
+        async def later(delay, p, rf):
+            await asyncio.sleep(delay)
+            try:
+                return await _one_request(client, base_url, model, p, max_tokens, api_key, rf)
+            except Exception as e:
+                return {"error": str(e)}
+
+        delays = _arrivals(len(prompts), rate, rng)
+        t0 = time.perf_counter()
+        rfs = formats or [None] * len(prompts)
+        res = await asyncio.gather(*[later(d, p, rf) for d, p, rf in zip(delays, prompts, rfs, strict=True)])
+        dur = time.perf_counter() - t0
+    return _rate_summary(rate, prompts, res, dur, formats)
+
+
+# %% ../nbs/15_server.ipynb #f624e095
 def _structured_summary(ok: list) -> dict:
     "How many structured requests there were, how many ended their grammar (`stop`), how many of those parse as JSON."
     st = [r for r in ok if r.get("structured")]
@@ -1775,6 +2088,47 @@ def _structured_summary(ok: list) -> dict:
     }
 
 
+# %% ../nbs/15_server.ipynb #ed52b480
+# a long answer: a free-text field and a list, so that a structured request is not much shorter than a plain one
+BENCH_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "score": {"type": "integer"},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["title", "score", "notes"],
+    "additionalProperties": False,
+}
+
+
+# %% ../nbs/15_server.ipynb #008ffa70
+def _bench_vocab(httpx, base_url: str, model: str, headers: dict) -> list:
+    "The token ids the server's own tokenizer gives a plain English text: prompts drawn from them fit any vocabulary."
+    text = (
+        "The quick brown fox jumps over the lazy dog while the engine batches requests, pages its cache "
+        "and streams tokens. "
+    ) * 8
+    r = httpx.post(base_url + "/tokenize", json={"model": model, "prompt": text}, headers=headers, timeout=60)
+    return sorted(set(r.json()["tokens"]))
+
+
+# %% ../nbs/15_server.ipynb #89321bf8
+def _bench_formats(structured_fraction: float, num_requests: int, seed: int, json_schema) -> list | None:
+    "Per request, its `response_format` (None: a plain one); the same requests are structured at every rate."
+    if not structured_fraction:
+        return None
+    if not 0 < structured_fraction <= 1:
+        raise ValueError(f"structured_fraction must be in [0, 1], got {structured_fraction}")
+    rf = {
+        "type": "json_schema",
+        "json_schema": {"name": "bench", "schema": json_schema or BENCH_SCHEMA, "strict": True},
+    }
+    picked = set(random.Random(seed + 1).sample(range(num_requests), round(structured_fraction * num_requests)))
+    return [rf if i in picked else None for i in range(num_requests)]
+
+
+# %% ../nbs/15_server.ipynb #dec72879
 def bench_serving(
     base_url: str,
     model: str,
@@ -1792,52 +2146,13 @@ def bench_serving(
     httpx = _need("httpx")
     base_url = base_url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    text = (
-        "The quick brown fox jumps over the lazy dog while the engine batches requests, pages its cache and streams tokens. "
-        * 8
-    )
-    vocab = sorted(
-        set(
-            httpx.post(
-                base_url + "/tokenize", json={"model": model, "prompt": text}, headers=headers, timeout=60
-            ).json()["tokens"]
-        )
-    )
+    vocab = _bench_vocab(httpx, base_url, model, headers)
     rng, results = random.Random(seed), []
-    formats = None
-    if structured_fraction:
-        if not 0 < structured_fraction <= 1:
-            raise ValueError(f"structured_fraction must be in [0, 1], got {structured_fraction}")
-        rf = {
-            "type": "json_schema",
-            "json_schema": {"name": "bench", "schema": json_schema or BENCH_SCHEMA, "strict": True},
-        }
-        picked = set(random.Random(seed + 1).sample(range(num_requests), round(structured_fraction * num_requests)))
-        formats = [rf if i in picked else None for i in range(num_requests)]
+    formats = _bench_formats(structured_fraction, num_requests, seed, json_schema)
     for rate in rates:
         prompts = [[rng.choice(vocab) for _ in range(prompt_len)] for _ in range(num_requests)]
         results.append(
             asyncio.run(_bench_rate(base_url, model, float(rate), prompts, max_tokens, rng, api_key, formats))
         )
-    return {
-        "model": model,
-        "num_requests": num_requests,
-        "prompt_len": prompt_len,
-        "max_tokens": max_tokens,
-        "seed": seed,
-        "structured_fraction": structured_fraction,
-        "results": results,
-    }
-
-
-# a long answer: a free-text field and a list, so that a structured request is not much shorter than a plain one
-BENCH_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "title": {"type": "string"},
-        "score": {"type": "integer"},
-        "notes": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["title", "score", "notes"],
-    "additionalProperties": False,
-}
+    run = dict(model=model, num_requests=num_requests, prompt_len=prompt_len, max_tokens=max_tokens, seed=seed)
+    return {**run, "structured_fraction": structured_fraction, "results": results}

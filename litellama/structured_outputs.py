@@ -1,4 +1,4 @@
-"""Output that must parse: a JSON schema, any JSON object, a regular expression or a choice, enforced token by token with a grammar mask (xgrammar) that the batched sampler applies on the device.
+"""Output that must parse (a JSON schema, any JSON object, a regex or a choice), enforced by a grammar mask.
 
 Docs: https://litellama.github.io/litellama/nbs/structured_outputs.html.md"""
 
@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from .sampling import unpack_bitmask
+from .utils import patch
 
 
 # %% ../nbs/18_structured_outputs.ipynb #50a00005
@@ -48,17 +48,21 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs choice must be a list of non-empty strings")
         self.json, self.json_object, self.regex, self.choice = json, bool(json_object), regex, choice
 
-    def key(self) -> tuple:
-        "What identifies the grammar (for the compile cache)."
-        j = self.json if self.json is None or isinstance(self.json, str) else _dumps(self.json)
-        return (j, self.json_object, self.regex, tuple(self.choice) if self.choice else None)
-
     def __repr__(self):
         return f"StructuredOutputsParams{self.key()}"
 
 
+# %% ../nbs/18_structured_outputs.ipynb #169f07fa
 def _dumps(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+# %% ../nbs/18_structured_outputs.ipynb #c2a96bbc
+@patch
+def key(self: StructuredOutputsParams) -> tuple:
+    "What identifies the grammar (for the compile cache)."
+    j = self.json if self.json is None or isinstance(self.json, str) else _dumps(self.json)
+    return (j, self.json_object, self.regex, tuple(self.choice) if self.choice else None)
 
 
 # %% ../nbs/18_structured_outputs.ipynb #50a0000a
@@ -72,34 +76,42 @@ class GrammarBackend:
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=2)
         self._compiled = functools.lru_cache(maxsize=256)(self._compile)
 
-    def _compile(self, key: tuple):
-        j, json_object, regex, choice = key
-        c = self.compiler
-        if json_object:
-            return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
-        if j is not None:
-            return c.compile_json_schema(j, any_whitespace=False)
-        if regex is not None:
-            return c.compile_regex(regex)
-        return c.compile_regex("|".join(_re_escape(s) for s in choice))
 
-    def matcher(self, p: StructuredOutputsParams):
-        "A fresh matcher for `p`; a ValueError if its grammar does not compile."
-        try:
-            return _xgr().GrammarMatcher(self._compiled(p.key()))
-        except Exception as e:
-            raise ValueError(f"structured_outputs: cannot compile the grammar: {type(e).__name__}: {e}") from None
-
-
+# %% ../nbs/18_structured_outputs.ipynb #7a7b1373
 def _re_escape(s: str) -> str:
     "`s` as a regex matching only itself."
     return "".join("\\" + ch if ch in ".^$*+?()[]{}|\\/" else ch for ch in s)
+
+
+# %% ../nbs/18_structured_outputs.ipynb #9c49d9b0
+@patch
+def _compile(self: GrammarBackend, key: tuple):
+    j, json_object, regex, choice = key
+    c = self.compiler
+    if json_object:
+        return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
+    if j is not None:
+        return c.compile_json_schema(j, any_whitespace=False)
+    if regex is not None:
+        return c.compile_regex(regex)
+    return c.compile_regex("|".join(_re_escape(s) for s in choice))
+
+
+# %% ../nbs/18_structured_outputs.ipynb #b9f19fc9
+@patch
+def matcher(self: GrammarBackend, p: StructuredOutputsParams):
+    "A fresh matcher for `p`; a ValueError if its grammar does not compile."
+    try:
+        return _xgr().GrammarMatcher(self._compiled(p.key()))
+    except Exception as e:
+        raise ValueError(f"structured_outputs: cannot compile the grammar: {type(e).__name__}: {e}") from None
 
 
 # %% ../nbs/18_structured_outputs.ipynb #50a0000c
 BATCH_FILL_MIN = 4  # from this many grammar rows in a step, their masks are filled in parallel threads
 
 
+# %% ../nbs/18_structured_outputs.ipynb #d1e6cf1b
 @functools.cache
 def _batch_matcher():
     "xgrammar's thread pool for filling many rows' masks at once (None on a version without it)."
@@ -107,8 +119,10 @@ def _batch_matcher():
     return cls() if cls is not None else None
 
 
+# %% ../nbs/18_structured_outputs.ipynb #6a909c8b
 def fill_bitmask(matchers: list, vocab_size: int) -> torch.Tensor | None:
-    "`[rows, ceil(V/32)]` int32 on the host: row i's allowed next tokens (all for rows whose matcher is None); None if no row has one."
+    """`[rows, ceil(V/32)]` int32 on the host: row i's allowed next tokens (all for rows whose matcher is None);
+    None if no row has one."""
     if all(m is None for m in matchers):
         return None
     xgr = _xgr()

@@ -1,35 +1,21 @@
 """The OpenAI-compatible server (`litellama.server`), end to end: a real uvicorn server in a subprocess over a tiny
 random checkpoint, driven by the official `openai` client and by httpx."""
-import asyncio, importlib.util, json, math, os, signal, socket, subprocess, sys, tempfile, threading, time
+import asyncio, importlib.util, json, math, os, signal, subprocess, sys, tempfile, threading, time
 import pytest
 
 pytest.importorskip("fastapi"); pytest.importorskip("uvicorn"); pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-KEY, MODEL = "sk-test", "tiny"
+from server_helpers import KEY, free_port as _free_port, start_server, stop_server  # pytest puts tests/ on the path
+
+MODEL = "tiny"
 MAX_N = 8
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
-
 def _start_server(model_dir, port, log):
-    code = (f"import sys; from litellama.server import serve, ServerLimits; MAX_N = {MAX_N}; "
-            f"sys.exit(serve({model_dir!r}, host='127.0.0.1', port={port}, api_key={KEY!r}, served_model_name={MODEL!r}, "
-            f"dtype='float32', device='cpu', num_kv_blocks=512, limits=ServerLimits(max_n=MAX_N)))")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None: raise RuntimeError(f"server exited with {proc.returncode}; log: {log.name}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200: return proc, url
-        except httpx.HTTPError: pass
-        time.sleep(0.1)
-    proc.kill(); raise RuntimeError("server did not start within 60 s")
+    return start_server(model_dir, MODEL, log, port=port, num_kv_blocks=512, extra_args=f"limits=ServerLimits(max_n={MAX_N})")
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +32,7 @@ def server(model_dir):
     log = open(os.path.join(model_dir, "server.log"), "w")
     proc, url = _start_server(model_dir, _free_port(), log)
     yield url
-    proc.terminate()
-    try: proc.wait(30)
-    except subprocess.TimeoutExpired: proc.kill()
+    stop_server(proc)
     log.close()
 
 

@@ -1,18 +1,15 @@
 """Images through the OpenAI-compatible server: a real uvicorn server in a subprocess over a tiny random LLaVA
 checkpoint, sent `image_url` content parts (base64 data URLs, local files) by the official `openai` client."""
-import base64, io, os, socket, subprocess, sys, tempfile, time
+import base64, io, os, tempfile
 import pytest
 
 pytest.importorskip("fastapi"); pytest.importorskip("uvicorn"); pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-KEY, MODEL = "sk-test", "tiny-llava"
+from server_helpers import KEY, served  # pytest puts tests/ on the path
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+MODEL = "tiny-llava"
 
 
 @pytest.fixture(scope="module")
@@ -22,29 +19,6 @@ def dirs():
     d, media = tempfile.mkdtemp(prefix="litellama-vision-"), tempfile.mkdtemp(prefix="litellama-media-")
     make_random_checkpoint("tiny-llava", d, dtype=torch.float32)
     return d, media
-
-
-def served(model_dir, model_name, **serve_kw):
-    "Run `litellama.server.serve` on `model_dir` in a subprocess (float32, CPU); yield its URL once /health answers, then stop it."
-    port, log = _free_port(), open(os.path.join(model_dir, "server.log"), "w")
-    kw = "".join(f", {k}={v!r}" for k, v in serve_kw.items())
-    code = (f"import sys; from litellama.server import serve; "
-            f"sys.exit(serve({str(model_dir)!r}, host='127.0.0.1', port={port}, api_key={KEY!r}, served_model_name={model_name!r}"
-            f"{kw}, dtype='float32', device='cpu', num_kv_blocks=256))")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None: raise RuntimeError(f"server exited with {proc.returncode}; log: {log.name}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200: break
-        except httpx.HTTPError: pass
-        time.sleep(0.1)
-    else: proc.kill(); raise RuntimeError("server did not start within 60 s")
-    yield url
-    proc.terminate()
-    try: proc.wait(30)
-    except subprocess.TimeoutExpired: proc.kill()
-    log.close()
 
 
 @pytest.fixture(scope="module")
