@@ -30,13 +30,14 @@ import triton
 import triton.language as tl
 
 from . import autotune
-from litellama.kernels.prefill_attention import (
+from litellama.kernels.attention_tiles import (
     _attend_tile,
     as_fp16,
     cache_args,
     check_paged_args,
     load_tile,
     random_paged_kv,
+    softmax_step,
     widen_fp8_words,
 )
 
@@ -96,6 +97,7 @@ DEFAULTS = {
 WIDE = 128  # from this batch on, the `_wide` rows
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #5cf756b4
 def _config(
     device_type: str, dtype: torch.dtype, head_dim: int = 0, batch: int = 1, cache_dtype: torch.dtype | None = None
 ) -> dict:
@@ -119,12 +121,14 @@ def split_target(batch: int, kv_heads: int, cfg: dict, num_sms: int) -> int:
     return max(-(-cfg["programs_per_sm"] * num_sms // kv_heads), cfg["splits_per_seq"] * batch)
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #ba216db6
 def split_size(total_keys: int, target: int, min_split: int, unit: int) -> int:
     "The one piece length of a step: `total_keys` over `target` pieces, at least `min_split`, a multiple of `unit`."
     size = max(min_split, -(-total_keys // max(target, 1)))
     return -(-size // unit) * unit
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #50c47e62
 def plan_splits(seq_lens, size: int, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Cut each sequence's keys into pieces of `size`: rows `(sequence, first key, end key)` and `cu_splits`,
     the first row of each sequence. Rows past the plan up to `pad_to` hold sequence -1: no work."""
@@ -180,6 +184,7 @@ def v_key_minor(v_cache: torch.Tensor) -> torch.Tensor:
     return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #9a120853
 def _reads_words(q, k_cache, v_cache) -> bool:
     """Can the kernel read this fp8 cache as int32 words: compiled for an NVIDIA GPU of sm_89 or later (inline PTX), K's
     rows and V's key-minor columns in whole, aligned words."""
@@ -199,6 +204,7 @@ def _reads_words(q, k_cache, v_cache) -> bool:
     )
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #9eeac723
 def fp8_words(q, k_cache, v_cache) -> tuple:
     """`(k, v, True)`, an fp8 cache viewed as int32 words — K along head_dim, V (key-minor) along the keys; shapes and
     strides count words — where the kernel can read words (`_reads_words`); otherwise `(k_cache, v_cache, False)`."""
@@ -221,6 +227,7 @@ def _fp8_blocks(table, start, seq_len, BLOCK_N: tl.constexpr, PAGE: tl.constexpr
     return k_blocks, tl.load(table + cols // PAGE, mask=cols < seq_len, other=0)
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #a39e1eab
 @triton.jit
 def _fp8_tile(
     acc,
@@ -636,6 +643,7 @@ def decode_attention(
     return out
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #73184148
 def merge_config(batch: int) -> dict:
     "The merge's launch: one warp per (sequence, head); 16 pieces read at a time for a few long sequences, 4 for many."
     return dict(BLOCK_S=16 if batch <= 16 else 4, num_warps=1)
@@ -645,6 +653,7 @@ def merge_config(batch: int) -> dict:
 COPY_GBPS = 4250  # H200 device-to-device copy, measured 2026-11-29 (benchmarks guide)
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #0df11e10
 def benchmark(device="cuda", timer=None) -> list:
     """Time `decode_attention` (Qwen3-0.6B heads, bf16) as GB/s of K/V read: every sequence at one context, and
     ragged batches (contexts uniform in 100..2048, as in the offline workload); the reference at small shapes."""

@@ -24,6 +24,7 @@ def to_cache(x, cache_ptr, FP8_MAX: tl.constexpr):
     return x.to(cache_ptr.dtype.element_ty)
 
 
+# %% ../../kernels_nb/05_kv_store.ipynb #1b1c51ce
 @triton.jit(do_not_specialize=["n_tokens"])
 def _store_kv_kernel(
     k_ptr,
@@ -77,6 +78,7 @@ def _store_kv_kernel(
 DEFAULTS = {"tile": 4096, "max_rows": 32, "min_programs": 264, "num_warps": 4}
 
 
+# %% ../../kernels_nb/05_kv_store.ipynb #10698597
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Tokens per program and warps, for tokens of `n_cols` (padded) K elements and `n_rows` tokens."
     rows = autotune.rows_per_program(n_cols, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
@@ -128,6 +130,7 @@ TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 KV_HEADS = ((8, 128), (8, 64), (2, 128))  # (Hk, D): Qwen3-0.6B / Llama-3-8B, head_dim 64, few KV heads
 
 
+# %% ../../kernels_nb/05_kv_store.ipynb #961cb113
 def benchmark(
     device="cuda", tokens=TOKENS, kv_heads=KV_HEADS, dtypes=(torch.bfloat16,), timer=None, block_size=16
 ) -> list[dict]:

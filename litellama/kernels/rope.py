@@ -62,6 +62,7 @@ def _rotate_heads(
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin, mask, h, d
 
 
+# %% ../../kernels_nb/03_rope.ipynb #431ac6af
 @triton.jit
 def _store_heads(o_ptr, rows, s_h, s_d, y1, y2, mask, h, d, HALF: tl.constexpr, FP8_MAX: tl.constexpr):
     "Write halves `y1`, `y2` of each head to `o` at token offsets `rows`, head stride `s_h`, element stride `s_d`; an fp8 `o` saturates."
@@ -155,6 +156,7 @@ def _rope_kernel(
 DEFAULTS = {"tile": 4096, "max_rows": 32, "min_programs": 264, "num_warps": 4}
 
 
+# %% ../../kernels_nb/03_rope.ipynb #ded9755b
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Tokens per program and warps, for tokens of `n_cols` (padded) q+k elements each and `n_rows` tokens."
     rows = autotune.rows_per_program(n_cols, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
@@ -215,6 +217,7 @@ def _rope(positions, q, k, cos_sin_cache, k_dst, v=None, v_cache=None, slot_mapp
     return q_out
 
 
+# %% ../../kernels_nb/03_rope.ipynb #911753e0
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
     "Rotate `q` `[T, Hq, D]` and `k` `[T, Hk, D]` by their `positions` `[T]` (rotate-half layout); returns new `(q, k)`."
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -260,6 +263,7 @@ def mrope_rows(half: int, mrope_section, device=None) -> torch.Tensor:
     return row
 
 
+# %% ../../kernels_nb/03_rope.ipynb #07b5a83f
 def mrope_cos_sin_ref(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrope_section) -> torch.Tensor:
     "Per-token `[T, D]` cos|sin rows: frequency `j` read at the position of its row (`mrope_rows`)."
     half = cos_sin_cache.shape[-1] // 2
@@ -268,6 +272,7 @@ def mrope_cos_sin_ref(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrop
     return torch.cat([cos_sin_cache[pos, d], cos_sin_cache[pos, d + half]], -1)
 
 
+# %% ../../kernels_nb/03_rope.ipynb #b4cd9627
 @triton.jit(do_not_specialize=["n_tokens"])
 def _mrope_cos_sin_kernel(
     pos_ptr,
@@ -293,6 +298,7 @@ def _mrope_cos_sin_kernel(
     tl.store(dst + HALF, tl.load(src + HALF, mask=mask), mask=mask)
 
 
+# %% ../../kernels_nb/03_rope.ipynb #8073cff8
 def mrope_cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrope_section) -> torch.Tensor:
     "`mrope_cos_sin_ref` as one Triton launch: a gather, no arithmetic."
     assert positions.dim() == 2 and positions.shape[0] == 3, "positions [3, T]"
@@ -327,6 +333,7 @@ TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 HEADS = ((16, 8, 128), (32, 8, 128), (32, 8, 64))  # (Hq, Hk, D): Qwen3-0.6B, Llama-3-8B, head_dim 64
 
 
+# %% ../../kernels_nb/03_rope.ipynb #c3e36ebb
 def benchmark(device="cuda", tokens=TOKENS, heads=HEADS, dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     """Time `rotary_embedding` against the reference, and `rope_and_store_kv` (with norms) against the reference and
     against the same work in separate launches; rows of op, backend, shape, dtype, ms, GB/s."""
