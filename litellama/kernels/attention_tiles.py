@@ -1,4 +1,4 @@
-"""The pieces both attention kernels are built from: one tile of keys folded into an online softmax, masked loads for padded heads, fp8 widening, the cache checks, and random paged caches for tests.
+"""What both attention kernels are built from: one tile of keys folded into an online softmax, and its helpers.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/attention_tiles.html.md"""
 
@@ -33,7 +33,7 @@ def declines_head_dim(head_dim: int) -> str | None:
 # %% ../../kernels_nb/05a_attention_tiles.ipynb #1dc618de
 @triton.jit
 def load_tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
-    "`tl.load(ptrs)`, zero where `rows_ok` is false (if `MASK_ROWS`) or `cols_ok` is (if `MASK_COLS`); unmasked with neither."
+    "`tl.load(ptrs)`, zero where `rows_ok` is false (if `MASK_ROWS`) or `cols_ok` is (if `MASK_COLS`); else unmasked."
     if MASK_ROWS:
         if MASK_COLS:
             x = tl.load(ptrs, mask=rows_ok & cols_ok, other=0.0)
@@ -73,34 +73,12 @@ def _tile_blocks(table, start, offs_n, seq_len, PAGE: tl.constexpr, BLOCK_N: tl.
 # %% ../../kernels_nb/05a_attention_tiles.ipynb #b51a9ff0
 @triton.jit
 def _attend_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    q_pos,
-    qk_scale,
-    start,
-    seq_len,
-    table,
-    k_base,
-    v_base,
-    stride_kb,
-    stride_ks,
-    stride_kd,
-    stride_vb,
-    stride_vs,
-    stride_vd,
-    offs_d,
-    d_ok,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    ACC_T: tl.constexpr = False,
-    V_COLS: tl.constexpr = False,
-    SAME_LAYOUT: tl.constexpr = False,
+    acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
+    stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr,
+    ACC_T: tl.constexpr = False, V_COLS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False,
     PAD_D: tl.constexpr = False,
-):
+):  # fmt: skip
     """Fold keys `start .. start + BLOCK_N` of one sequence into the running `(acc, m_i, l_i)` of queries `q`;
     with `ACC_T` the accumulator is held transposed, `[HEAD_DIM, rows]`; with `V_COLS` V's tile is read as columns,
     `[HEAD_DIM, BLOCK_N]` (V stored key-minor); with `SAME_LAYOUT` V has K's strides and reuses K's offsets;
@@ -161,9 +139,10 @@ def widen_fp8_words(w, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 # %% ../../kernels_nb/05a_attention_tiles.ipynb #8c705b80
 def cache_args(q, k_cache, v_cache) -> dict:
-    """The attention kernels' switches for these caches (decode takes `FP16_DOT` and `SAME_LAYOUT`): `V_COLS`, read V's tiles as columns (V stored key-minor);
-    `SAME_LAYOUT`, V stored as K is (its tiles' offsets are K's); and for an fp8 cache `FP16_DOT`, multiply in float16
-    (bfloat16 queries), and `ACC_T`, hold the accumulator transposed (V not key-minor)."""
+    """The attention kernels' switches for these caches (decode takes `FP16_DOT` and `SAME_LAYOUT`): `V_COLS`, read
+    V's tiles as columns (V stored key-minor); `SAME_LAYOUT`, V stored as K is (its tiles' offsets are K's); and for an
+    fp8 cache `FP16_DOT`, multiply in float16 (bfloat16 queries), and `ACC_T`, hold the accumulator transposed (V not
+    key-minor)."""
     fp8, v_cols = k_cache.dtype == torch.float8_e4m3fn, v_cache.stride(1) == 1 and v_cache.stride(3) != 1
     return dict(
         FP16_DOT=fp8 and q.dtype == torch.bfloat16,
@@ -206,7 +185,7 @@ def random_paged_kv(
     pool = sum(nblocks) + 2  # two spare blocks; the table's padding points at one of them
     perm = torch.randperm(pool, generator=g).int()
     tables = torch.full((len(seq_lens), max(nblocks + [1])), int(perm[-1]), dtype=torch.int32)
-    for b, (first, n) in enumerate(zip([0] + list(torch.tensor(nblocks).cumsum(0)), nblocks)):
+    for b, (first, n) in enumerate(zip([0] + list(torch.tensor(nblocks).cumsum(0)), nblocks, strict=False)):
         tables[b, :n] = perm[int(first) : int(first) + n]
     gd = torch.Generator(device=device).manual_seed(seed)
     shape = (pool, block_size, num_kv_heads, head_dim)

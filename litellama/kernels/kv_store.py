@@ -1,4 +1,4 @@
-"""`store_kv_cache` as one launch that scatters each token's keys and values into its cache slot, skipping slots of `-1`, with no host synchronisation.
+"""`store_kv_cache` as one launch that scatters each token's keys and values into its cache slot.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/kv_store.html.md"""
 
@@ -18,7 +18,8 @@ from . import autotune, reference
 # %% ../../kernels_nb/05_kv_store.ipynb #c277c86e
 @triton.jit
 def to_cache(x, cache_ptr, FP8_MAX: tl.constexpr):
-    "`x` in the dtype of `cache_ptr`, as `reference.to_cache_dtype`: an fp8 cache (`FP8_MAX > 0`) saturates, then rounds to nearest."
+    """`x` in the dtype of `cache_ptr`, as `reference.to_cache_dtype`: an fp8 cache (`FP8_MAX > 0`) saturates, then
+    rounds to nearest."""
     if FP8_MAX > 0:
         x = tl.minimum(tl.maximum(x.to(tl.float32), -FP8_MAX), FP8_MAX)
     return x.to(cache_ptr.dtype.element_ty)
@@ -91,7 +92,8 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
 def store_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    "Write `k`, `v` `[T, Hk, D]` into the caches `[num_blocks, block_size, Hk, D]` at `slot_mapping` `[T]` (in place; -1 skips)."
+    """Write `k`, `v` `[T, Hk, D]` into the caches `[num_blocks, block_size, Hk, D]` at `slot_mapping` `[T]`
+    (in place; -1 skips)."""
     T, H, D = k.shape
     assert v.shape == k.shape and slot_mapping.shape == (T,), "k, v [T, Hk, D] and slot_mapping [T]"
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (H, D), (

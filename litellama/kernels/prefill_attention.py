@@ -1,4 +1,4 @@
-"""A flash-attention kernel for packed, variable-length query chunks that reads K and V block by block from the paged cache: fresh prompts and chunks with a cached prefix in one launch, grouped-query heads without copying K/V.
+"""A flash-attention kernel for packed, variable-length query chunks over the paged KV cache.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/prefill_attention.html.md"""
 
@@ -15,15 +15,8 @@ import triton
 import triton.language as tl
 
 from . import autotune
-from litellama.kernels.attention_tiles import (
-    _attend_tile,
-    as_fp16,
-    cache_args,
-    check_paged_args,
-    declines_head_dim as declines_head_dim,  # the registry names it here
-    load_tile,
-    random_paged_kv,
-)
+from .attention_tiles import _attend_tile, as_fp16, cache_args, check_paged_args, load_tile, random_paged_kv
+from .attention_tiles import declines_head_dim as declines_head_dim  # the registry names it here
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #34348bbd
 DEFAULTS = {
@@ -55,52 +48,10 @@ def _config(device_type: str, dtype: torch.dtype, head_dim: int, max_seqlen_q: i
     return autotune.lookup("prefill_attention", tuned, cfg, device_type)
 
 
-# %% ../../kernels_nb/06_prefill_attention.ipynb #aa80481e
-@triton.jit(
-    do_not_specialize=["CU_Q", "SEQ_LENS", "BLOCK_TABLES", "num_seqs", "num_slots", "search_steps", "stride_bt"]
-)
-def _prefill_kernel(
-    Q,
-    K,
-    V,
-    O,
-    CU_Q,
-    SEQ_LENS,
-    BLOCK_TABLES,
-    qk_scale,
-    num_seqs,
-    num_slots,
-    search_steps,
-    stride_qt,
-    stride_qh,
-    stride_qd,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    stride_vd,
-    stride_ot,
-    stride_oh,
-    stride_od,
-    stride_bt,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    FP16_DOT: tl.constexpr = False,
-    ACC_T: tl.constexpr = False,
-    V_COLS: tl.constexpr = False,
-    SAME_LAYOUT: tl.constexpr = False,
-):
-    "One query tile of one sequence, one query head: causal attention over the sequence's paged K/V."
-    head = tl.program_id(0)
-    slot = num_slots - 1 - tl.program_id(1)  # longest tiles first
+# %% ../../kernels_nb/06_prefill_attention.ipynb #64979396
+@triton.jit
+def _find_tile(CU_Q, slot, num_seqs, search_steps, BLOCK_M: tl.constexpr):
+    "The sequence owning launch `slot` (a binary search over `CU_Q`), its first query row, its query count, the tile."
     lo = 0 * num_seqs  # binary search: the last sequence whose first slot is <= slot
     hi = num_seqs - 1
     for _ in range(search_steps):
@@ -111,7 +62,25 @@ def _prefill_kernel(
     seq = lo
     q_start = tl.load(CU_Q + seq)
     q_len = tl.load(CU_Q + seq + 1) - q_start
-    tile = slot - (q_start // BLOCK_M + seq)
+    return seq, q_start, q_len, slot - (q_start // BLOCK_M + seq)
+
+
+# %% ../../kernels_nb/06_prefill_attention.ipynb #aa80481e
+@triton.jit(
+    do_not_specialize=["CU_Q", "SEQ_LENS", "BLOCK_TABLES", "num_seqs", "num_slots", "search_steps", "stride_bt"]
+)
+def _prefill_kernel(
+    Q, K, V, OUT, CU_Q, SEQ_LENS, BLOCK_TABLES, qk_scale, num_seqs, num_slots, search_steps,
+    stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd, stride_ot, stride_oh, stride_od, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
+    ACC_T: tl.constexpr = False, V_COLS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False,
+):  # fmt: skip
+    "One query tile of one sequence, one query head: causal attention over the sequence's paged K/V."
+    head = tl.program_id(0)
+    slot = num_slots - 1 - tl.program_id(1)  # longest tiles first
+    seq, q_start, q_len, tile = _find_tile(CU_Q, slot, num_seqs, search_steps, BLOCK_M)
     if tile * BLOCK_M >= q_len:  # a spare slot
         return
     seq_len = tl.load(SEQ_LENS + seq)
@@ -121,13 +90,8 @@ def _prefill_kernel(
     d_ok = offs_d < HEAD_DIM
     q_pos = seq_len - q_len + offs_m  # absolute positions of this tile's queries
     q_rows = (q_start + offs_m).to(tl.int64)
-    q = load_tile(
-        Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd,
-        (offs_m < q_len)[:, None],
-        d_ok[None, :],
-        True,
-        PAD_D,
-    )
+    q_ptrs = Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd
+    q = load_tile(q_ptrs, (offs_m < q_len)[:, None], d_ok[None, :], True, PAD_D)
     if FP16_DOT:
         q = as_fp16(q)  # bfloat16 queries over an fp8 cache: the tiles widen to fp16 in one instruction
     table = BLOCK_TABLES + seq.to(tl.int64) * stride_bt
@@ -144,76 +108,32 @@ def _prefill_kernel(
     end = tl.minimum(seq_len, first_q + BLOCK_M)  # no row sees a key at or past `end`
     for start in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            acc,
-            m_i,
-            l_i,
-            q,
-            q_pos,
-            qk_scale,
-            start,
-            seq_len,
-            table,
-            k_base,
-            v_base,
-            stride_kb,
-            stride_ks,
-            stride_kd,
-            stride_vb,
-            stride_vs,
-            stride_vd,
-            offs_d,
-            d_ok,
-            PAGE,
-            BLOCK_N,
-            False,
-            DOT_PREC,
-            ACC_T,
-            V_COLS,
-            SAME_LAYOUT,
-            PAD_D,
-        )
+            acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
+            PAGE, BLOCK_N, False, DOT_PREC, ACC_T, V_COLS, SAME_LAYOUT, PAD_D,
+        )  # fmt: skip
     for start in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            acc,
-            m_i,
-            l_i,
-            q,
-            q_pos,
-            qk_scale,
-            start,
-            seq_len,
-            table,
-            k_base,
-            v_base,
-            stride_kb,
-            stride_ks,
-            stride_kd,
-            stride_vb,
-            stride_vs,
-            stride_vd,
-            offs_d,
-            d_ok,
-            PAGE,
-            BLOCK_N,
-            True,
-            DOT_PREC,
-            ACC_T,
-            V_COLS,
-            SAME_LAYOUT,
-            PAD_D,
-        )
+            acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
+            PAGE, BLOCK_N, True, DOT_PREC, ACC_T, V_COLS, SAME_LAYOUT, PAD_D,
+        )  # fmt: skip
+    o_ptrs = OUT + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od
+    _store_rows(o_ptrs, acc, l_i, (offs_m < q_len)[:, None], d_ok, ACC_T, PAD_D)
+
+
+# %% ../../kernels_nb/06_prefill_attention.ipynb #0ffb5d05
+@triton.jit
+def _store_rows(o_ptrs, acc, l_i, rows_ok, d_ok, ACC_T: tl.constexpr, PAD_D: tl.constexpr):
+    "Write `acc / l_i` (held transposed with `ACC_T`) to `o_ptrs`, rows where `rows_ok`, no padded column (`PAD_D`)."
     if ACC_T:
         acc = tl.trans(acc)
     out = acc / l_i[:, None]
     if PAD_D:
-        o_ok = (offs_m < q_len)[:, None] & d_ok[None, :]
+        o_ok = rows_ok & d_ok[None, :]
     else:
-        o_ok = (offs_m < q_len)[:, None]
-    tl.store(
-        O + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
-        out.to(O.dtype.element_ty),
-        mask=o_ok,
-    )
+        o_ok = rows_ok
+    tl.store(o_ptrs, out.to(o_ptrs.dtype.element_ty), mask=o_ok)
 
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #853e10c8
@@ -228,7 +148,8 @@ def prefill_attention(
     *,
     max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
-    "Causal attention for packed query chunks `q` `[T, Hq, D]` over each sequence's paged K/V; see `reference.prefill_attention`."
+    """Causal attention for packed query chunks `q` `[T, Hq, D]` over each sequence's paged K/V;
+    see `reference.prefill_attention`."""
     T, Hq, D = q.shape
     page, Hk = check_paged_args(q, k_cache, v_cache)
     B = seq_lens.shape[0]
@@ -243,69 +164,36 @@ def prefill_attention(
         block_tables = block_tables.contiguous()
     cu_seqlens_q, seq_lens = cu_seqlens_q.contiguous(), seq_lens.contiguous()
     _prefill_kernel[(Hq, num_slots)](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        cu_seqlens_q,
-        seq_lens,
-        block_tables,
-        scale * math.log2(math.e),
-        B,
-        num_slots,
-        max(B - 1, 1).bit_length(),
-        *q.stride(),
-        *k_cache.stride(),
-        *v_cache.stride(),
-        *out.stride(),
-        block_tables.stride(0),
-        GROUP=Hq // Hk,
-        HEAD_DIM=D,
-        BLOCK_D=triton.next_power_of_2(D),
-        PAGE=page,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        **cache_args(q, k_cache, v_cache),
-        **cfg,
-    )
+        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables,
+        scale * math.log2(math.e), B, num_slots, max(B - 1, 1).bit_length(),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), block_tables.stride(0),
+        GROUP=Hq // Hk, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), PAGE=page, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", **cache_args(q, k_cache, v_cache), **cfg,
+    )  # fmt: skip
     return out
 
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #76b97d4f
-def benchmark(device="cuda") -> list:
-    "Time `prefill_attention` against torch SDPA (flash, causal, dense q/k/v) over prompt lengths; one row per timing."
+def _time_prefill(S: int, nseq: int, H: int, D: int, dtype, device) -> list:
+    "The paged kernel and torch SDPA (flash, causal, dense q/k/v) on `nseq` prompts of `S` tokens: two rows."
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
-    rows, nseq, H, D, dtype = [], 4, 16, 128, torch.bfloat16
-    for S in (512, 1024, 2048, 4096, 8192):
-        flops, shape = 4 * nseq * H * S * S * D / 2, f"{nseq}x{S}x{H}x{D}"
-        kc, vc, tables = random_paged_kv([S] * nseq, H, D, 16, dtype, device)
-        q = torch.randn(nseq * S, H, D, device=device, dtype=dtype)
-        cu = torch.arange(nseq + 1, device=device, dtype=torch.int32) * S
-        lens = torch.full((nseq,), S, device=device, dtype=torch.int32)
-        ms = do_bench(
-            lambda: prefill_attention(q, kc, vc, cu, lens, tables, D**-0.5, max_seqlen_q=S), return_mode="median"
-        )
-        rows.append(
-            dict(
-                op="prefill_attention", backend="triton", shape=shape, dtype="bfloat16", ms=ms, tflops=flops / ms * 1e-9
-            )
-        )
-        qd, kd, vd = (torch.randn(nseq, H, S, D, device=device, dtype=dtype) for _ in range(3))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            ms = do_bench(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True), return_mode="median")
-        rows.append(
-            dict(
-                op="prefill_attention",
-                backend="torch_sdpa_flash",
-                shape=shape,
-                dtype="bfloat16",
-                ms=ms,
-                tflops=flops / ms * 1e-9,
-            )
-        )
-        del kc, vc, q, qd, kd, vd
-    return rows
+    flops, shape = 4 * nseq * H * S * S * D / 2, f"{nseq}x{S}x{H}x{D}"
+    kc, vc, tables = random_paged_kv([S] * nseq, H, D, 16, dtype, device)
+    q = torch.randn(nseq * S, H, D, device=device, dtype=dtype)
+    cu = torch.arange(nseq + 1, device=device, dtype=torch.int32) * S
+    lens = torch.full((nseq,), S, device=device, dtype=torch.int32)
+    ms = do_bench(lambda: prefill_attention(q, kc, vc, cu, lens, tables, D**-0.5, max_seqlen_q=S), return_mode="median")
+    row = dict(op="prefill_attention", backend="triton", shape=shape, dtype="bfloat16", ms=ms, tflops=flops / ms * 1e-9)
+    qd, kd, vd = (torch.randn(nseq, H, S, D, device=device, dtype=dtype) for _ in range(3))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        ms = do_bench(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True), return_mode="median")
+    return [row, dict(row, backend="torch_sdpa_flash", ms=ms, tflops=flops / ms * 1e-9)]
+
+
+# %% ../../kernels_nb/06_prefill_attention.ipynb #44640353
+def benchmark(device="cuda") -> list:
+    "Time `prefill_attention` against torch SDPA (flash, causal, dense q/k/v) over prompt lengths; one row per timing."
+    return [row for S in (512, 1024, 2048, 4096, 8192) for row in _time_prefill(S, 4, 16, 128, torch.bfloat16, device)]

@@ -1,4 +1,4 @@
-"""`rotary_embedding` as one Triton launch for queries and keys: each token's cosines and sines are loaded once and applied to all its heads, straight from the fused QKV output.
+"""`rotary_embedding` as one Triton launch for queries and keys, straight from the fused QKV output.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/rope.html.md"""
 
@@ -65,7 +65,8 @@ def _rotate_heads(
 # %% ../../kernels_nb/03_rope.ipynb #431ac6af
 @triton.jit
 def _store_heads(o_ptr, rows, s_h, s_d, y1, y2, mask, h, d, HALF: tl.constexpr, FP8_MAX: tl.constexpr):
-    "Write halves `y1`, `y2` of each head to `o` at token offsets `rows`, head stride `s_h`, element stride `s_d`; an fp8 `o` saturates."
+    """Write halves `y1`, `y2` of each head to `o` at token offsets `rows`, head stride `s_h`, element stride `s_d`;
+    an fp8 `o` saturates."""
     o = o_ptr + rows[:, None, None] + (h * s_h)[None, :, None] + (d * s_d)[None, None, :]
     tl.store(o, to_cache(y1, o_ptr, FP8_MAX), mask=mask)  # `05_kv_store.ipynb`
     tl.store(o + HALF * s_d, to_cache(y2, o_ptr, FP8_MAX), mask=mask)
@@ -167,7 +168,7 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
 
 # %% ../../kernels_nb/03_rope.ipynb #117e0358
 def _rope(positions, q, k, cos_sin_cache, k_dst, v=None, v_cache=None, slot_mapping=None, weights=None, eps=0.0):
-    "Launch `_rope_kernel`: returns the rotated `q`; `k` goes to `k_dst` (contiguous, or the K cache when `v` is given)."
+    "Launch `_rope_kernel`: returns the rotated `q`; `k` goes to `k_dst` (contiguous, or the K cache if `v` is given)."
     (T, Hq, D), Hk = q.shape, k.shape[1]
     assert k.shape == (T, Hk, D) and positions.shape == (T,) and D % 2 == 0, "q [T, Hq, D], k [T, Hk, D], positions [T]"
     assert cos_sin_cache.shape[-1] == D, f"cos_sin_cache rows have {cos_sin_cache.shape[-1]} values, head_dim is {D}"
@@ -219,7 +220,7 @@ def _rope(positions, q, k, cos_sin_cache, k_dst, v=None, v_cache=None, slot_mapp
 
 # %% ../../kernels_nb/03_rope.ipynb #911753e0
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
-    "Rotate `q` `[T, Hq, D]` and `k` `[T, Hk, D]` by their `positions` `[T]` (rotate-half layout); returns new `(q, k)`."
+    "Rotate `q` `[T, Hq, D]` and `k` `[T, Hk, D]` by their `positions` `[T]` (rotate-half layout): new `(q, k)`."
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     return _rope(positions, q, k, cos_sin_cache, k_out), k_out
 
@@ -252,7 +253,8 @@ def rope_and_store_kv(
 
 # %% ../../kernels_nb/03_rope.ipynb #1f637030
 def mrope_rows(half: int, mrope_section, device=None) -> torch.Tensor:
-    "Which position row (0 time, 1 height, 2 width) drives each of the `half` rotary frequencies, interleaved as Qwen3-VL was trained."
+    """Which position row (0 time, 1 height, 2 width) drives each of the `half` rotary frequencies, interleaved as
+    Qwen3-VL was trained."""
     s = list(mrope_section)
     if len(s) != 3 or sum(s) != half:
         raise ValueError(f"mrope_section {s} must have three parts summing to head_dim/2 = {half}")

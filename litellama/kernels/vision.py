@@ -1,4 +1,4 @@
-"""LayerNorm, GELU (exact and quick) and the vision tower's bidirectional attention: a PyTorch reference for each, Triton for the norm and the activations, and how the registry picks them.
+"""LayerNorm, GELU (exact and quick) and the vision tower's bidirectional attention.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/vision.html.md"""
 
@@ -44,7 +44,7 @@ def quick_gelu_ref(x: torch.Tensor) -> torch.Tensor:
 
 # %% ../../kernels_nb/12_vision.ipynb #abaeb56c
 def vision_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    "Softmax attention of each image's patches over all of its patches: `q, k, v` `[B, N, heads, D]` -> `[B, N, heads, D]`."
+    "Softmax attention of each image's patches over all its patches: `q, k, v` `[B, N, heads, D]` -> the same shape."
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
     return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v.float()).to(q.dtype)
 
