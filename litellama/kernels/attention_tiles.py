@@ -168,6 +168,18 @@ def check_paged_args(q, k_cache, v_cache):
     return page, Hk
 
 
+# %% ../../kernels_nb/05a_attention_tiles.ipynb #2d9de336
+def _fill_unused(caches, tables, seq_lens, value: float):
+    "Set every slot of `caches` `[pool, block_size, H, D]` holding no token of `seq_lens` (via `tables`) to `value`."
+    pool, block_size = caches[0].shape[:2]
+    used = torch.zeros(pool * block_size, dtype=torch.bool)
+    for b, n in enumerate(seq_lens):
+        pos = torch.arange(n)
+        used[tables[b, pos // block_size].long() * block_size + pos % block_size] = True
+    for c in caches:
+        c.view(-1, *c.shape[2:])[~used.to(c.device)] = value
+
+
 # %% ../../kernels_nb/05a_attention_tiles.ipynb #b40758e1
 def random_paged_kv(
     seq_lens: list,
@@ -192,10 +204,5 @@ def random_paged_kv(
     wide = torch.float32 if dtype.itemsize == 1 else dtype  # fp8 caches are drawn in float32, then rounded
     k, v = (torch.randn(shape, generator=gd, device=device, dtype=wide) for _ in range(2))
     if unused is not None:  # fill every slot that holds no token
-        used = torch.zeros(pool * block_size, dtype=torch.bool)
-        for b, n in enumerate(seq_lens):
-            pos = torch.arange(n)
-            used[tables[b, pos // block_size].long() * block_size + pos % block_size] = True
-        k.view(-1, num_kv_heads, head_dim)[~used.to(device)] = unused
-        v.view(-1, num_kv_heads, head_dim)[~used.to(device)] = unused
+        _fill_unused((k, v), tables, seq_lens, unused)
     return k.to(dtype), v.to(dtype), tables.to(device)

@@ -40,7 +40,8 @@ from litellama.kernels.attention_tiles import (
     widen_fp8_words,
 )
 
-from . import autotune  # after the block above: in the package it is a relative import
+from ..utils import patch  # these two after the block above: in the package they are relative imports
+from . import autotune
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #4d8c9fea
 DEFAULTS = {
@@ -56,6 +57,16 @@ DEFAULTS = {
 WIDE = 128  # from this batch on, the `_wide` rows
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #0c26ad30
+def _default_row(device_type: str, dtype: torch.dtype, batch: int, fp8: bool) -> str:
+    "Which row of `DEFAULTS` a call takes: the interpreter's, an fp8 cache's, float32's, or 16-bit's, by batch."
+    if device_type != "cuda":
+        return "interpret"
+    if fp8:
+        return "cuda_fp8_wide" if batch >= WIDE else "cuda_fp8"
+    return "cuda_fp32" if dtype == torch.float32 else "cuda_wide" if batch >= WIDE else "cuda"
+
+
 # %% ../../kernels_nb/07_decode_attention.ipynb #5cf756b4
 def _config(
     device_type: str, dtype: torch.dtype, head_dim: int = 0, batch: int = 1, cache_dtype: torch.dtype | None = None
@@ -63,12 +74,7 @@ def _config(
     "The launch parameters for one call, read from `DEFAULTS`, or from this GPU's tuned entry (`08_autotune.ipynb`)."
     fp8 = cache_dtype == torch.float8_e4m3fn
     key = (str(dtype).replace("torch.", "") + ("/fp8" if fp8 else ""), head_dim, autotune.shape_bucket(batch))
-    if device_type != "cuda":
-        row = "interpret"
-    elif fp8:
-        row = "cuda_fp8_wide" if batch >= WIDE else "cuda_fp8"
-    else:
-        row = "cuda_fp32" if dtype == torch.float32 else "cuda_wide" if batch >= WIDE else "cuda"
+    row = _default_row(device_type, dtype, batch, fp8)
     return autotune.lookup(
         "decode_attention", key, dict(DEFAULTS[row]), device_type
     )  # a tuned entry may leave keys out
@@ -87,6 +93,13 @@ def split_size(total_keys: int, target: int, min_split: int, unit: int) -> int:
     return -(-size // unit) * unit
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #94caf416
+def _pad_plan(rows: np.ndarray, pad_to: int) -> np.ndarray:
+    "`rows` of a plan, followed by idle rows (sequence -1) up to `pad_to` rows."
+    assert pad_to >= len(rows), f"plan of {len(rows)} pieces does not fit {pad_to} rows"
+    return np.concatenate([rows, np.full((pad_to - len(rows), 3), -1, dtype=np.int64)])
+
+
 # %% ../../kernels_nb/07_decode_attention.ipynb #50c47e62
 def plan_splits(seq_lens, size: int, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Cut each sequence's keys into pieces of `size`: rows `(sequence, first key, end key)` and `cu_splits`,
@@ -98,10 +111,7 @@ def plan_splits(seq_lens, size: int, pad_to: int | None = None) -> tuple[np.ndar
     seq = np.repeat(np.arange(len(lens)), n)
     start = (np.arange(cu[-1]) - cu[seq]) * size
     rows = np.stack([seq, start, np.minimum(start + size, lens[seq])], 1)
-    if pad_to is not None:
-        assert pad_to >= len(rows), f"plan of {len(rows)} pieces does not fit {pad_to} rows"
-        rows = np.concatenate([rows, np.full((pad_to - len(rows), 3), -1, dtype=np.int64)])
-    return rows, cu
+    return (rows if pad_to is None else _pad_plan(rows, pad_to)), cu
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #5a54ef46
@@ -114,27 +124,37 @@ class SplitPlanner:
         self.kv_heads, self.head_dim, self.dtype, self.device = kv_heads, head_dim, dtype, torch.device(device)
         self.cache_dtype, self.num_sms = cache_dtype or dtype, autotune.num_sms(self.device)
 
-    def _cfg(self, batch):
-        return _config(self.device.type, self.dtype, self.head_dim, batch, self.cache_dtype)
 
-    def capacity(self, batch: int, cfg: dict | None = None) -> int:
-        "The most pieces a step of at most `batch` sequences can have."
-        return batch + split_target(batch, self.kv_heads, cfg or self._cfg(batch), self.num_sms)
+# %% ../../kernels_nb/07_decode_attention.ipynb #234bbedd
+@patch
+def _cfg(self: SplitPlanner, batch):
+    "The launch parameters of a step of `batch` sequences (`_config`)."
+    return _config(self.device.type, self.dtype, self.head_dim, batch, self.cache_dtype)
 
-    def __call__(self, seq_lens, pad_to_batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The plan of one step. With `pad_to_batch` (a CUDA graph's batch size) the rows are padded to that batch's
-        capacity and `cu_splits` to its sequences, the padding sequences having no pieces."""
-        cfg = self._cfg(pad_to_batch or len(seq_lens))  # the batch the kernel is launched with
-        size = split_size(
-            int(np.sum(seq_lens)),
-            split_target(len(seq_lens), self.kv_heads, cfg, self.num_sms),
-            cfg["min_split"],
-            cfg["BLOCK_N"],
-        )
-        if pad_to_batch is None:
-            return plan_splits(seq_lens, size)
-        rows, cu = plan_splits(seq_lens, size, self.capacity(pad_to_batch, cfg))
-        return rows, np.pad(cu, (0, pad_to_batch - len(seq_lens)), mode="edge")
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #4df1f330
+@patch
+def capacity(self: SplitPlanner, batch: int, cfg: dict | None = None) -> int:
+    "The most pieces a step of at most `batch` sequences can have."
+    return batch + split_target(batch, self.kv_heads, cfg or self._cfg(batch), self.num_sms)
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #64337298
+@patch
+def __call__(self: SplitPlanner, seq_lens, pad_to_batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The plan of one step. With `pad_to_batch` (a CUDA graph's batch size) the rows are padded to that batch's
+    capacity and `cu_splits` to its sequences, the padding sequences having no pieces."""
+    cfg = self._cfg(pad_to_batch or len(seq_lens))  # the batch the kernel is launched with
+    size = split_size(
+        int(np.sum(seq_lens)),
+        split_target(len(seq_lens), self.kv_heads, cfg, self.num_sms),
+        cfg["min_split"],
+        cfg["BLOCK_N"],
+    )
+    if pad_to_batch is None:
+        return plan_splits(seq_lens, size)
+    rows, cu = plan_splits(seq_lens, size, self.capacity(pad_to_batch, cfg))
+    return rows, np.pad(cu, (0, pad_to_batch - len(seq_lens)), mode="edge")
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #07c53fec
@@ -143,22 +163,27 @@ def v_key_minor(v_cache: torch.Tensor) -> torch.Tensor:
     return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
-# %% ../../kernels_nb/07_decode_attention.ipynb #9a120853
-def _reads_words(q, k_cache, v_cache) -> bool:
-    """Can the kernel read this fp8 cache as int32 words: compiled for an NVIDIA GPU of sm_89 or later (inline PTX), K's
-    rows and V's key-minor columns in whole, aligned words."""
-    words = lambda c, d: (
+# %% ../../kernels_nb/07_decode_attention.ipynb #9114d5a9
+def _in_words(c: torch.Tensor, d: int) -> bool:
+    "Can `c` be viewed as int32 words of four bytes along its dimension `d`: contiguous there, every offset aligned."
+    return (
         c.stride(d) == 1
         and c.shape[d] % 4 == 0
         and c.storage_offset() % 4 == 0
         and all(st % 4 == 0 for i, st in enumerate(c.stride()) if i != d)
     )
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #9a120853
+def _reads_words(q, k_cache, v_cache) -> bool:
+    """Can the kernel read this fp8 cache as int32 words: compiled for an NVIDIA GPU of sm_89 or later (inline PTX), K's
+    rows and V's key-minor columns in whole, aligned words."""
     return (
         os.environ.get("TRITON_INTERPRET") != "1"
         and q.device.type == "cuda"
         and torch.version.hip is None
-        and words(k_cache, 3)
-        and words(v_cache, 1)
+        and _in_words(k_cache, 3)
+        and _in_words(v_cache, 1)
         and autotune.compute_capability(q.device) >= (8, 9)
     )
 

@@ -28,21 +28,23 @@ DEFAULTS = {
 }
 
 
+# %% ../../kernels_nb/06_prefill_attention.ipynb #1c3f56b9
+def _default_row(dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> str:
+    "Which GPU row of `DEFAULTS` a call takes: float32's, a head over 128's, short chunks', or the default."
+    if dtype == torch.float32:
+        return "cuda_fp32"
+    if head_dim > 128:
+        return "cuda_d256"  # a padded tile of 256 columns
+    return "cuda_short" if max_seqlen_q <= 64 else "cuda"
+
+
 # %% ../../kernels_nb/06_prefill_attention.ipynb #8ace4a01
 def _config(device_type: str, dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> dict:
     "The launch parameters for one call, read from `DEFAULTS`, or from this GPU's tuned entry (`08_autotune.ipynb`)."
     tuned = (str(dtype).replace("torch.", ""), head_dim, autotune.shape_bucket(max_seqlen_q))
     if device_type != "cuda":
         return autotune.lookup("prefill_attention", tuned, dict(DEFAULTS["interpret"]), device_type)
-    if dtype == torch.float32:
-        key = "cuda_fp32"
-    elif head_dim > 128:
-        key = "cuda_d256"  # a padded tile of 256 columns
-    elif max_seqlen_q <= 64:
-        key = "cuda_short"
-    else:
-        key = "cuda"
-    cfg = dict(DEFAULTS[key])
+    cfg = dict(DEFAULTS[_default_row(dtype, head_dim, max_seqlen_q)])
     if dtype == torch.float32 and head_dim > 128:
         cfg.update(BLOCK_M=32, num_stages=1)  # 4-byte, 256-wide tiles
     return autotune.lookup("prefill_attention", tuned, cfg, device_type)
