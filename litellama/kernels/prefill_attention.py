@@ -128,22 +128,25 @@ def _prefill_kernel(
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
             PAGE, BLOCK_N, True, DOT_PREC, ACC_T, V_COLS, SAME_LAYOUT, PAD_D,
         )  # fmt: skip
-    o_ptrs = OUT + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od
-    _store_rows(o_ptrs, acc, l_i, (offs_m < q_len)[:, None], d_ok, ACC_T, PAD_D)
+    _store_rows(OUT, acc, l_i, q_rows, head, offs_d, offs_m, q_len, d_ok, stride_ot, stride_oh, stride_od, ACC_T, PAD_D)
 
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #0ffb5d05
 @triton.jit
-def _store_rows(o_ptrs, acc, l_i, rows_ok, d_ok, ACC_T: tl.constexpr, PAD_D: tl.constexpr):
-    "Write `acc / l_i` (held transposed with `ACC_T`) to `o_ptrs`, rows where `rows_ok`, no padded column (`PAD_D`)."
+def _store_rows(
+    OUT, acc, l_i, q_rows, head, offs_d, offs_m, q_len, d_ok, stride_ot, stride_oh, stride_od,
+    ACC_T: tl.constexpr, PAD_D: tl.constexpr,
+):  # fmt: skip
+    "Write `acc / l_i` (held transposed with `ACC_T`) to the tile's query rows that hold queries; no padded column."
     if ACC_T:
         acc = tl.trans(acc)
     out = acc / l_i[:, None]
     if PAD_D:
-        o_ok = rows_ok & d_ok[None, :]
+        o_ok = (offs_m < q_len)[:, None] & d_ok[None, :]
     else:
-        o_ok = rows_ok
-    tl.store(o_ptrs, out.to(o_ptrs.dtype.element_ty), mask=o_ok)
+        o_ok = (offs_m < q_len)[:, None]
+    o_ptrs = OUT + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=o_ok)
 
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #853e10c8
