@@ -1,4 +1,4 @@
-"""One new query per sequence attends to its whole cached context: the keys are split across many programs so the GPU is full even at batch 1, every KV block is read once for all the query heads that share it, and a small second kernel merges the pieces.
+"""One new query per sequence attends to its whole cached context, its keys split over many programs.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/decode_attention.html.md"""
 
@@ -29,88 +29,53 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune
-from litellama.kernels.prefill_attention import (
+from litellama.kernels.attention_tiles import (
     _attend_tile,
     as_fp16,
     cache_args,
     check_paged_args,
     load_tile,
     random_paged_kv,
+    softmax_step,
     widen_fp8_words,
 )
 
+from ..utils import patch  # these two after the block above: in the package they are relative imports
+from . import autotune
+
 # %% ../../kernels_nb/07_decode_attention.ipynb #4d8c9fea
 DEFAULTS = {
-    "cuda": {
-        "BLOCK_N": 64,
-        "num_warps": 4,
-        "num_stages": 2,
-        "programs_per_sm": 2,
-        "min_split": 64,
-        "splits_per_seq": 1,
-    },
-    "cuda_wide": {
-        "BLOCK_N": 64,
-        "num_warps": 4,
-        "num_stages": 2,
-        "programs_per_sm": 2,
-        "min_split": 64,
-        "splits_per_seq": 2,
-    },
-    "cuda_fp8": {
-        "BLOCK_N": 16,
-        "num_warps": 1,
-        "num_stages": 3,
-        "programs_per_sm": 32,
-        "min_split": 64,
-        "splits_per_seq": 1,
-    },
-    "cuda_fp8_wide": {
-        "BLOCK_N": 16,
-        "num_warps": 1,
-        "num_stages": 3,
-        "programs_per_sm": 48,
-        "min_split": 64,
-        "splits_per_seq": 1,
-    },
-    "cuda_fp32": {
-        "BLOCK_N": 32,
-        "num_warps": 4,
-        "num_stages": 2,
-        "programs_per_sm": 4,
-        "min_split": 128,
-        "splits_per_seq": 1,
-    },
-    "interpret": {
-        "BLOCK_N": 16,
-        "num_warps": 1,
-        "num_stages": 1,
-        "programs_per_sm": 2,
-        "min_split": 32,
-        "splits_per_seq": 2,
-    },
+    "cuda": dict(BLOCK_N=64, num_warps=4, num_stages=2, programs_per_sm=2, min_split=64, splits_per_seq=1),
+    "cuda_wide": dict(BLOCK_N=64, num_warps=4, num_stages=2, programs_per_sm=2, min_split=64, splits_per_seq=2),
+    "cuda_fp8": dict(BLOCK_N=16, num_warps=1, num_stages=3, programs_per_sm=32, min_split=64, splits_per_seq=1),
+    "cuda_fp8_wide": dict(BLOCK_N=16, num_warps=1, num_stages=3, programs_per_sm=48, min_split=64, splits_per_seq=1),
+    "cuda_fp32": dict(BLOCK_N=32, num_warps=4, num_stages=2, programs_per_sm=4, min_split=128, splits_per_seq=1),
+    "interpret": dict(BLOCK_N=16, num_warps=1, num_stages=1, programs_per_sm=2, min_split=32, splits_per_seq=2),
 }
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #13de035b
 WIDE = 128  # from this batch on, the `_wide` rows
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #0c26ad30
+def _default_row(device_type: str, dtype: torch.dtype, batch: int, fp8: bool) -> str:
+    "Which row of `DEFAULTS` a call takes: the interpreter's, an fp8 cache's, float32's, or 16-bit's, by batch."
+    if device_type != "cuda":
+        return "interpret"
+    if fp8:
+        return "cuda_fp8_wide" if batch >= WIDE else "cuda_fp8"
+    return "cuda_fp32" if dtype == torch.float32 else "cuda_wide" if batch >= WIDE else "cuda"
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #5cf756b4
 def _config(
     device_type: str, dtype: torch.dtype, head_dim: int = 0, batch: int = 1, cache_dtype: torch.dtype | None = None
 ) -> dict:
     "The launch parameters for one call, read from `DEFAULTS`, or from this GPU's tuned entry (`08_autotune.ipynb`)."
     fp8 = cache_dtype == torch.float8_e4m3fn
     key = (str(dtype).replace("torch.", "") + ("/fp8" if fp8 else ""), head_dim, autotune.shape_bucket(batch))
-    if device_type != "cuda":
-        row = "interpret"
-    elif fp8:
-        row = "cuda_fp8_wide" if batch >= WIDE else "cuda_fp8"
-    else:
-        row = "cuda_fp32" if dtype == torch.float32 else "cuda_wide" if batch >= WIDE else "cuda"
-    return autotune.lookup(
-        "decode_attention", key, dict(DEFAULTS[row]), device_type
-    )  # a tuned entry may leave keys out
+    row = _default_row(device_type, dtype, batch, fp8)
+    return autotune.lookup("decode_attention", key, dict(DEFAULTS[row]), device_type)  # a tuned entry may omit keys
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #2326f273
@@ -119,12 +84,21 @@ def split_target(batch: int, kv_heads: int, cfg: dict, num_sms: int) -> int:
     return max(-(-cfg["programs_per_sm"] * num_sms // kv_heads), cfg["splits_per_seq"] * batch)
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #ba216db6
 def split_size(total_keys: int, target: int, min_split: int, unit: int) -> int:
     "The one piece length of a step: `total_keys` over `target` pieces, at least `min_split`, a multiple of `unit`."
     size = max(min_split, -(-total_keys // max(target, 1)))
     return -(-size // unit) * unit
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #94caf416
+def _pad_plan(rows: np.ndarray, pad_to: int) -> np.ndarray:
+    "`rows` of a plan, followed by idle rows (sequence -1) up to `pad_to` rows."
+    assert pad_to >= len(rows), f"plan of {len(rows)} pieces does not fit {pad_to} rows"
+    return np.concatenate([rows, np.full((pad_to - len(rows), 3), -1, dtype=np.int64)])
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #50c47e62
 def plan_splits(seq_lens, size: int, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Cut each sequence's keys into pieces of `size`: rows `(sequence, first key, end key)` and `cu_splits`,
     the first row of each sequence. Rows past the plan up to `pad_to` hold sequence -1: no work."""
@@ -135,10 +109,7 @@ def plan_splits(seq_lens, size: int, pad_to: int | None = None) -> tuple[np.ndar
     seq = np.repeat(np.arange(len(lens)), n)
     start = (np.arange(cu[-1]) - cu[seq]) * size
     rows = np.stack([seq, start, np.minimum(start + size, lens[seq])], 1)
-    if pad_to is not None:
-        assert pad_to >= len(rows), f"plan of {len(rows)} pieces does not fit {pad_to} rows"
-        rows = np.concatenate([rows, np.full((pad_to - len(rows), 3), -1, dtype=np.int64)])
-    return rows, cu
+    return (rows if pad_to is None else _pad_plan(rows, pad_to)), cu
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #5a54ef46
@@ -151,54 +122,71 @@ class SplitPlanner:
         self.kv_heads, self.head_dim, self.dtype, self.device = kv_heads, head_dim, dtype, torch.device(device)
         self.cache_dtype, self.num_sms = cache_dtype or dtype, autotune.num_sms(self.device)
 
-    def _cfg(self, batch):
-        return _config(self.device.type, self.dtype, self.head_dim, batch, self.cache_dtype)
 
-    def capacity(self, batch: int, cfg: dict | None = None) -> int:
-        "The most pieces a step of at most `batch` sequences can have."
-        return batch + split_target(batch, self.kv_heads, cfg or self._cfg(batch), self.num_sms)
+# %% ../../kernels_nb/07_decode_attention.ipynb #234bbedd
+@patch
+def _cfg(self: SplitPlanner, batch):
+    "The launch parameters of a step of `batch` sequences (`_config`)."
+    return _config(self.device.type, self.dtype, self.head_dim, batch, self.cache_dtype)
 
-    def __call__(self, seq_lens, pad_to_batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The plan of one step. With `pad_to_batch` (a CUDA graph's batch size) the rows are padded to that batch's
-        capacity and `cu_splits` to its sequences, the padding sequences having no pieces."""
-        cfg = self._cfg(pad_to_batch or len(seq_lens))  # the batch the kernel is launched with
-        size = split_size(
-            int(np.sum(seq_lens)),
-            split_target(len(seq_lens), self.kv_heads, cfg, self.num_sms),
-            cfg["min_split"],
-            cfg["BLOCK_N"],
-        )
-        if pad_to_batch is None:
-            return plan_splits(seq_lens, size)
-        rows, cu = plan_splits(seq_lens, size, self.capacity(pad_to_batch, cfg))
-        return rows, np.pad(cu, (0, pad_to_batch - len(seq_lens)), mode="edge")
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #4df1f330
+@patch
+def capacity(self: SplitPlanner, batch: int, cfg: dict | None = None) -> int:
+    "The most pieces a step of at most `batch` sequences can have."
+    return batch + split_target(batch, self.kv_heads, cfg or self._cfg(batch), self.num_sms)
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #64337298
+@patch
+def __call__(self: SplitPlanner, seq_lens, pad_to_batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The plan of one step. With `pad_to_batch` (a CUDA graph's batch size) the rows are padded to that batch's
+    capacity and `cu_splits` to its sequences, the padding sequences having no pieces."""
+    cfg = self._cfg(pad_to_batch or len(seq_lens))  # the batch the kernel is launched with
+    size = split_size(
+        int(np.sum(seq_lens)),
+        split_target(len(seq_lens), self.kv_heads, cfg, self.num_sms),
+        cfg["min_split"],
+        cfg["BLOCK_N"],
+    )
+    if pad_to_batch is None:
+        return plan_splits(seq_lens, size)
+    rows, cu = plan_splits(seq_lens, size, self.capacity(pad_to_batch, cfg))
+    return rows, np.pad(cu, (0, pad_to_batch - len(seq_lens)), mode="edge")
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #07c53fec
 def v_key_minor(v_cache: torch.Tensor) -> torch.Tensor:
-    "The values of `v_cache` `[num_blocks, block_size, Hk, D]`, stored key-minor: each kv head's block as `[D, block_size]`."
+    "The values of `v_cache` (`[blocks, block_size, Hk, D]`) stored key-minor: each kv head's block `[D, block_size]`."
     return v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
-def _reads_words(q, k_cache, v_cache) -> bool:
-    """Can the kernel read this fp8 cache as int32 words: compiled for an NVIDIA GPU of sm_89 or later (inline PTX), K's
-    rows and V's key-minor columns in whole, aligned words."""
-    words = lambda c, d: (
+# %% ../../kernels_nb/07_decode_attention.ipynb #9114d5a9
+def _in_words(c: torch.Tensor, d: int) -> bool:
+    "Can `c` be viewed as int32 words of four bytes along its dimension `d`: contiguous there, every offset aligned."
+    return (
         c.stride(d) == 1
         and c.shape[d] % 4 == 0
         and c.storage_offset() % 4 == 0
         and all(st % 4 == 0 for i, st in enumerate(c.stride()) if i != d)
     )
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #9a120853
+def _reads_words(q, k_cache, v_cache) -> bool:
+    """Can the kernel read this fp8 cache as int32 words: compiled for an NVIDIA GPU of sm_89 or later (inline PTX), K's
+    rows and V's key-minor columns in whole, aligned words."""
     return (
         os.environ.get("TRITON_INTERPRET") != "1"
         and q.device.type == "cuda"
         and torch.version.hip is None
-        and words(k_cache, 3)
-        and words(v_cache, 1)
+        and _in_words(k_cache, 3)
+        and _in_words(v_cache, 1)
         and autotune.compute_capability(q.device) >= (8, 9)
     )
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #9eeac723
 def fp8_words(q, k_cache, v_cache) -> tuple:
     """`(k, v, True)`, an fp8 cache viewed as int32 words — K along head_dim, V (key-minor) along the keys; shapes and
     strides count words — where the kernel can read words (`_reads_words`); otherwise `(k_cache, v_cache, False)`."""
@@ -221,33 +209,14 @@ def _fp8_blocks(table, start, seq_len, BLOCK_N: tl.constexpr, PAGE: tl.constexpr
     return k_blocks, tl.load(table + cols // PAGE, mask=cols < seq_len, other=0)
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #a39e1eab
 @triton.jit
 def _fp8_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    qk_scale,
-    start,
-    seq_len,
-    k_blocks,
-    v_blocks,
-    k_base,
-    v_base,
-    stride_kb,
-    stride_ks,
-    stride_kd,
-    stride_vb,
-    stride_vs,
-    stride_vd,
-    HEAD_DIM: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    WORDS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+    acc, m_i, l_i, q, qk_scale, start, seq_len, k_blocks, v_blocks, k_base, v_base,
+    stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    DOT_PREC: tl.constexpr, WORDS: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
     """`_attend_tile` for one decode query per row over an fp8 cache, the tile's blocks given (`_fp8_blocks`): K read as
     rows `[BLOCK_N, HEAD_DIM]`; with `WORDS` as int32 words along head_dim, and V (key-minor) as columns `[HEAD_DIM,
     BLOCK_N]` of int32 words along the keys — `k_base`, `v_base` and the strides counting words — else V as rows too;
@@ -278,10 +247,7 @@ def _fp8_tile(
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
     if MASKED:
         s = tl.where((keys < seq_len)[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, m_new, l_i = softmax_step(s, m_i, l_i)
     if WORDS:  # V's columns: int32 words along the keys, widened in place, then `P·(Vᵀ)ᵀ`
         VEC: tl.constexpr = min(PAGE, BLOCK_N) // 4  # consecutive words of one column in one block
         cols = start + 4 * tl.arange(0, BLOCK_N // 4)
@@ -299,47 +265,86 @@ def _fp8_tile(
     return acc, m_new, l_i
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #0f72a099
+@triton.jit
+def _fp8_walk(
+    acc, m_i, l_i, q, qk_scale, start, full_end, end, seq_len, table, k_base, v_base,
+    stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    WORDS: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    "Keys `start .. end` of one piece over an fp8 cache, each tile's blocks loaded a tile ahead; the last tile masked."
+    k_blocks, v_blocks = _fp8_blocks(table, start, seq_len, BLOCK_N, PAGE, WORDS)
+    for n in range(start, full_end, BLOCK_N):
+        k_next, v_next = _fp8_blocks(table, n + BLOCK_N, seq_len, BLOCK_N, PAGE, WORDS)  # a tile ahead
+        acc, m_i, l_i = _fp8_tile(
+            acc, m_i, l_i, q, qk_scale, n, seq_len, k_blocks, v_blocks, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            HEAD_DIM, PAGE, BLOCK_N, False, DOT_PREC, WORDS, BLOCK_D,
+        )  # fmt: skip
+        k_blocks, v_blocks = k_next, v_next
+    for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
+        acc, m_i, l_i = _fp8_tile(
+            acc, m_i, l_i, q, qk_scale, n, seq_len, k_blocks, v_blocks, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            HEAD_DIM, PAGE, BLOCK_N, True, DOT_PREC, WORDS, BLOCK_D,
+        )  # fmt: skip
+    return acc, m_i, l_i
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #6a9eb5fa
+@triton.jit
+def _tile_walk(
+    acc, m_i, l_i, q, last, qk_scale, start, full_end, end, seq_len, table, k_base, v_base,
+    stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, SAME_LAYOUT: tl.constexpr,
+    PAD_D: tl.constexpr, GROUP_PAD: tl.constexpr,
+):  # fmt: skip
+    "Keys `start .. end` of one piece over a 16-bit cache: `_attend_tile` with every row at position `last`."
+    q_pos = tl.full([GROUP_PAD], 0, tl.int32) + last
+    for n in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
+            PAGE, BLOCK_N, False, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT, PAD_D=PAD_D,
+        )  # fmt: skip
+    for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
+            PAGE, BLOCK_N, True, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT, PAD_D=PAD_D,
+        )  # fmt: skip
+    return acc, m_i, l_i
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #6006fa95
+@triton.jit
+def _store_piece(
+    OUT, M_PART, L_PART, ACC_PART, acc, m_i, l_i, only, seq, piece, heads, offs_g, offs_d, row_ok,
+    stride_ob, stride_oh, stride_od, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    "The output of a sequence's `only` piece; else the piece's partial softmax, in float32, in its row of the buffers."
+    if only:  # the sequence's only piece
+        out = acc / l_i[:, None]
+        o_ptrs = OUT + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok)
+    else:
+        part = piece * (tl.num_programs(1) * GROUP) + heads
+        tl.store(M_PART + part, m_i, mask=offs_g < GROUP)
+        tl.store(L_PART + part, l_i, mask=offs_g < GROUP)
+        tl.store(ACC_PART + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok)
+
+
 # %% ../../kernels_nb/07_decode_attention.ipynb #dab9d4b6
 @triton.jit(do_not_specialize=["SEQ_LENS", "BLOCK_TABLES", "SPLITS", "stride_bt"])
 def _decode_split_kernel(
-    Q,
-    K,
-    V,
-    O,
-    M_PART,
-    L_PART,
-    ACC_PART,
-    SEQ_LENS,
-    BLOCK_TABLES,
-    SPLITS,
-    qk_scale,
-    stride_qb,
-    stride_qh,
-    stride_qd,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    stride_vd,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    stride_bt,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    FP16_DOT: tl.constexpr = False,
-    FP8: tl.constexpr = False,
-    WORDS: tl.constexpr = False,
-    SAME_LAYOUT: tl.constexpr = False,
-):
+    Q, K, V, OUT, M_PART, L_PART, ACC_PART, SEQ_LENS, BLOCK_TABLES, SPLITS, qk_scale,
+    stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_oh, stride_od, stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
+    FP8: tl.constexpr = False, WORDS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False,
+):  # fmt: skip
     "One piece of one sequence's keys for all the query heads of one kv head: a partial softmax, or the output."
     piece, kv_head = tl.program_id(0), tl.program_id(1)
     seq = tl.load(SPLITS + piece * 3).to(tl.int32)
@@ -349,20 +354,15 @@ def _decode_split_kernel(
     seq_len = tl.load(SEQ_LENS + seq)
     full_end = start + (end - start) // BLOCK_N * BLOCK_N  # tiles before this need no mask
     offs_g = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, BLOCK_D)  # the head, padded to a power of two (`06_prefill_attention.ipynb`)
+    offs_d = tl.arange(0, BLOCK_D)  # the head, padded to a power of two (`05a_attention_tiles.ipynb`)
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     d_ok = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_g
     row_ok = (offs_g < GROUP)[:, None]
-    q = load_tile(
-        Q + seq.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        row_ok,
-        d_ok[None, :],
-        True,
-        PAD_D,
-    )
+    q_ptrs = Q + seq.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q = load_tile(q_ptrs, row_ok, d_ok[None, :], True, PAD_D)
     if FP16_DOT:
-        q = as_fp16(q)  # an fp8 cache: multiply in float16 (`06_prefill_attention.ipynb`)
+        q = as_fp16(q)  # an fp8 cache: multiply in float16 (`05a_attention_tiles.ipynb`)
     table = BLOCK_TABLES + seq.to(tl.int64) * stride_bt
     k_base = K + kv_head * stride_kh
     v_base = V + kv_head * stride_vh
@@ -370,152 +370,31 @@ def _decode_split_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     if FP8:
-        k_blocks, v_blocks = _fp8_blocks(table, start, seq_len, BLOCK_N, PAGE, WORDS)
-        for n in range(start, full_end, BLOCK_N):
-            k_next, v_next = _fp8_blocks(table, n + BLOCK_N, seq_len, BLOCK_N, PAGE, WORDS)  # a tile ahead
-            acc, m_i, l_i = _fp8_tile(
-                acc,
-                m_i,
-                l_i,
-                q,
-                qk_scale,
-                n,
-                seq_len,
-                k_blocks,
-                v_blocks,
-                k_base,
-                v_base,
-                stride_kb,
-                stride_ks,
-                stride_kd,
-                stride_vb,
-                stride_vs,
-                stride_vd,
-                HEAD_DIM,
-                PAGE,
-                BLOCK_N,
-                False,
-                DOT_PREC,
-                WORDS,
-                BLOCK_D,
-            )
-            k_blocks, v_blocks = k_next, v_next
-        for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
-            acc, m_i, l_i = _fp8_tile(
-                acc,
-                m_i,
-                l_i,
-                q,
-                qk_scale,
-                n,
-                seq_len,
-                k_blocks,
-                v_blocks,
-                k_base,
-                v_base,
-                stride_kb,
-                stride_ks,
-                stride_kd,
-                stride_vb,
-                stride_vs,
-                stride_vd,
-                HEAD_DIM,
-                PAGE,
-                BLOCK_N,
-                True,
-                DOT_PREC,
-                WORDS,
-                BLOCK_D,
-            )
+        acc, m_i, l_i = _fp8_walk(
+            acc, m_i, l_i, q, qk_scale, start, full_end, end, seq_len, table, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            HEAD_DIM, PAGE, BLOCK_N, DOT_PREC, WORDS, BLOCK_D,
+        )  # fmt: skip
     else:
-        q_pos = tl.full([GROUP_PAD], 0, tl.int32) + seq_len - 1
-        for n in range(start, full_end, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                acc,
-                m_i,
-                l_i,
-                q,
-                q_pos,
-                qk_scale,
-                n,
-                seq_len,
-                table,
-                k_base,
-                v_base,
-                stride_kb,
-                stride_ks,
-                stride_kd,
-                stride_vb,
-                stride_vs,
-                stride_vd,
-                offs_d,
-                d_ok,
-                PAGE,
-                BLOCK_N,
-                False,
-                DOT_PREC,
-                SAME_LAYOUT=SAME_LAYOUT,
-                PAD_D=PAD_D,
-            )
-        for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
-            acc, m_i, l_i = _attend_tile(
-                acc,
-                m_i,
-                l_i,
-                q,
-                q_pos,
-                qk_scale,
-                n,
-                seq_len,
-                table,
-                k_base,
-                v_base,
-                stride_kb,
-                stride_ks,
-                stride_kd,
-                stride_vb,
-                stride_vs,
-                stride_vd,
-                offs_d,
-                d_ok,
-                PAGE,
-                BLOCK_N,
-                True,
-                DOT_PREC,
-                SAME_LAYOUT=SAME_LAYOUT,
-                PAD_D=PAD_D,
-            )
+        acc, m_i, l_i = _tile_walk(
+            acc, m_i, l_i, q, seq_len - 1, qk_scale, start, full_end, end, seq_len, table, k_base, v_base,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
+            PAGE, BLOCK_N, DOT_PREC, SAME_LAYOUT, PAD_D, GROUP_PAD,
+        )  # fmt: skip
     if PAD_D:
         row_ok = row_ok & d_ok[None, :]  # and no padded column is written
-    if (start == 0) & (end == seq_len):  # the sequence's only piece
-        out = acc / l_i[:, None]
-        tl.store(
-            O + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-            out.to(O.dtype.element_ty),
-            mask=row_ok,
-        )
-    else:
-        part = piece * (tl.num_programs(1) * GROUP) + heads
-        tl.store(M_PART + part, m_i, mask=offs_g < GROUP)
-        tl.store(L_PART + part, l_i, mask=offs_g < GROUP)
-        tl.store(ACC_PART + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok)
+    _store_piece(
+        OUT, M_PART, L_PART, ACC_PART, acc, m_i, l_i, (start == 0) & (end == seq_len), seq, piece, heads, offs_g,
+        offs_d, row_ok, stride_ob, stride_oh, stride_od, GROUP, HEAD_DIM,
+    )  # fmt: skip
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #6d67c4e4
 @triton.jit(do_not_specialize=["CU_SPLITS"])
 def _decode_merge_kernel(
-    O,
-    M_PART,
-    L_PART,
-    ACC_PART,
-    CU_SPLITS,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+    OUT, M_PART, L_PART, ACC_PART, CU_SPLITS, stride_ob, stride_oh, stride_od,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
     "Combine the partial softmaxes of every piece of one (sequence, query head) into its output."
     seq, head = tl.program_id(0), tl.program_id(1)
     lo, hi = tl.load(CU_SPLITS + seq), tl.load(CU_SPLITS + seq + 1)
@@ -548,14 +427,27 @@ def _decode_merge_kernel(
             * w[:, None]
         )
     out = tl.sum(acc, 0) / tl.maximum(tl.sum(den, 0), 1e-30)  # no pieces: 0 / tiny = 0
+    o_ptrs = OUT + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d * stride_od
     if PAD_D:
-        tl.store(
-            O + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d * stride_od,
-            out.to(O.dtype.element_ty),
-            mask=d_ok,
-        )
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=d_ok)
     else:
-        tl.store(O + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d * stride_od, out.to(O.dtype.element_ty))
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty))
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #1e02ade6
+def _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg):
+    "Launch `_decode_split_kernel` over the plan's `rows` into `out` and the partial buffers `parts` `(m, l, acc)`."
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    kc, vc, words = fp8_words(q, k_cache, v_cache) if fp8 else (k_cache, v_cache, False)
+    group, D = q.shape[1] // Hk, q.shape[2]
+    switches = {k: v for k, v in cache_args(q, k_cache, v_cache).items() if k in ("FP16_DOT", "SAME_LAYOUT")}
+    _decode_split_kernel[(rows.shape[0], Hk)](
+        q, kc, vc, out, *parts, seq_lens.contiguous(), block_tables, rows.contiguous(), scale * math.log2(math.e),
+        *q.stride(), *kc.stride(), *vc.stride(), *out.stride(), block_tables.stride(0),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
+        PAGE=page, BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
+        WORDS=words, **switches, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #ded8e211
@@ -583,98 +475,57 @@ def decode_attention(
     rows, cu = splits
     assert cu.shape[0] > B, f"split plan covers {cu.shape[0] - 1} sequences, the batch has {B}"
     cfg = _config(q.device.type, q.dtype, D, cu.shape[0] - 1, k_cache.dtype)  # the planner's, for the batch it planned
-    group, n = Hq // Hk, rows.shape[0]
+    n = rows.shape[0]
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
     m_part = torch.empty((n, Hq), dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
     acc_part = torch.empty((n, Hq, D), dtype=torch.float32, device=q.device)
     if n:
-        fp8 = k_cache.dtype == torch.float8_e4m3fn
-        kc, vc, words = fp8_words(q, k_cache, v_cache) if fp8 else (k_cache, v_cache, False)
-        _decode_split_kernel[(n, Hk)](
-            q,
-            kc,
-            vc,
-            out,
-            m_part,
-            l_part,
-            acc_part,
-            seq_lens.contiguous(),
-            block_tables,
-            rows.contiguous(),
-            scale * math.log2(math.e),
-            *q.stride(),
-            *kc.stride(),
-            *vc.stride(),
-            *out.stride(),
-            block_tables.stride(0),
-            GROUP=group,
-            GROUP_PAD=max(16, triton.next_power_of_2(group)),
-            HEAD_DIM=D,
-            BLOCK_D=triton.next_power_of_2(D),
-            PAGE=page,
-            BLOCK_N=cfg["BLOCK_N"],
-            DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-            FP8=fp8,
-            WORDS=words,
-            **{k: v for k, v in cache_args(q, k_cache, v_cache).items() if k in ("FP16_DOT", "SAME_LAYOUT")},
-            num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"],
-        )
-    _decode_merge_kernel[(B, Hq)](
-        out,
-        m_part,
-        l_part,
-        acc_part,
-        cu,
-        *out.stride(),
-        HEAD_DIM=D,
-        BLOCK_D=triton.next_power_of_2(D),
-        **merge_config(B),
-    )
+        parts = (m_part, l_part, acc_part)
+        _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg)
+    merge = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), **merge_config(B))
+    _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), **merge)
     return out
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #73184148
 def merge_config(batch: int) -> dict:
     "The merge's launch: one warp per (sequence, head); 16 pieces read at a time for a few long sequences, 4 for many."
     return dict(BLOCK_S=16 if batch <= 16 else 4, num_warps=1)
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #7b61a353
-COPY_GBPS = 4250  # H200 device-to-device copy, measured 2026-11-29 (benchmarks guide)
+COPY_GBPS = 4250  # GB/s of an H200 device-to-device copy (BENCHMARKS.md)
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #0df11e10
+def _time_decode(B: int, lens_list: list, ctx: str, timer, device) -> list:
+    "Rows for one batch of contexts `lens_list` (Qwen3-0.6B heads, bf16): the kernel; the reference at small shapes."
+    from litellama.kernels import reference
+
+    Hq, Hk, D, dtype = 16, 8, 128, torch.bfloat16
+    kc, vc, tables = random_paged_kv(lens_list, Hk, D, 16, dtype, device)
+    q = torch.randn(B, Hq, D, device=device, dtype=dtype)
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=device)
+    plan = [torch.from_numpy(a).to(device) for a in SplitPlanner(Hk, D, dtype, device)(lens_list)]
+    nbytes, shape = 2 * sum(lens_list) * Hk * D * kc.element_size(), f"{B}x{ctx}x{Hq}x{Hk}x{D}"
+    fns = {"triton": lambda: decode_attention(q, kc, vc, lens, tables, D**-0.5, splits=plan)}
+    if B <= 16 and ctx in ("512", "1024"):
+        fns["torch_reference"] = lambda: reference.decode_attention(q, kc, vc, lens, tables, D**-0.5)
+    rows = []
+    for backend, fn in fns.items():
+        ms = (timer if backend == "triton" else autotune.median_ms)(fn)
+        gbps = nbytes / ms * 1e-6
+        rows.append(dict(op="decode_attention", backend=backend, shape=shape, dtype="bfloat16", ms=ms, gbps=gbps))
+    return rows
+
+
+# %% ../../kernels_nb/07_decode_attention.ipynb #5fa8e096
 def benchmark(device="cuda", timer=None) -> list:
     """Time `decode_attention` (Qwen3-0.6B heads, bf16) as GB/s of K/V read: every sequence at one context, and
     ragged batches (contexts uniform in 100..2048, as in the offline workload); the reference at small shapes."""
-    from litellama.kernels import reference
-
-    timer = timer or autotune.median_ms
-    rows, Hq, Hk, D, dtype = [], 16, 8, 128, torch.bfloat16
-    g = np.random.default_rng(0)
+    timer, g = timer or autotune.median_ms, np.random.default_rng(0)
     cases = [(B, [ctx] * B, str(ctx)) for B in (1, 4, 16, 64, 256) for ctx in (512, 1024, 2048, 4096, 8192)]
     cases += [(B, g.integers(100, 2049, B).tolist(), "100-2048") for B in (16, 64, 128, 256)]
-    for B, lens_list, ctx in cases:
-        kc, vc, tables = random_paged_kv(lens_list, Hk, D, 16, dtype, device)
-        q = torch.randn(B, Hq, D, device=device, dtype=dtype)
-        lens = torch.tensor(lens_list, dtype=torch.int32, device=device)
-        plan = [torch.from_numpy(a).to(device) for a in SplitPlanner(Hk, D, dtype, device)(lens_list)]
-        nbytes, shape = 2 * sum(lens_list) * Hk * D * kc.element_size(), f"{B}x{ctx}x{Hq}x{Hk}x{D}"
-        fns = {"triton": lambda: decode_attention(q, kc, vc, lens, tables, D**-0.5, splits=plan)}
-        if B <= 16 and ctx in ("512", "1024"):
-            fns["torch_reference"] = lambda: reference.decode_attention(q, kc, vc, lens, tables, D**-0.5)
-        for backend, fn in fns.items():
-            ms = (timer if backend == "triton" else autotune.median_ms)(fn)
-            rows.append(
-                dict(
-                    op="decode_attention",
-                    backend=backend,
-                    shape=shape,
-                    dtype="bfloat16",
-                    ms=ms,
-                    gbps=nbytes / ms * 1e-6,
-                )
-            )
-        del kc, vc
-    return rows
+    return [row for B, lens_list, ctx in cases for row in _time_decode(B, lens_list, ctx, timer, device)]

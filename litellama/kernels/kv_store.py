@@ -1,4 +1,4 @@
-"""`store_kv_cache` as one launch that scatters each token's keys and values into its cache slot, skipping slots of `-1`, with no host synchronisation.
+"""`store_kv_cache` as one launch that scatters each token's keys and values into its cache slot.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/kv_store.html.md"""
 
@@ -18,40 +18,21 @@ from . import autotune, reference
 # %% ../../kernels_nb/05_kv_store.ipynb #c277c86e
 @triton.jit
 def to_cache(x, cache_ptr, FP8_MAX: tl.constexpr):
-    "`x` in the dtype of `cache_ptr`, as `reference.to_cache_dtype`: an fp8 cache (`FP8_MAX > 0`) saturates, then rounds to nearest."
+    """`x` in the dtype of `cache_ptr`, as `reference.to_cache_dtype`: an fp8 cache (`FP8_MAX > 0`) saturates, then
+    rounds to nearest."""
     if FP8_MAX > 0:
         x = tl.minimum(tl.maximum(x.to(tl.float32), -FP8_MAX), FP8_MAX)
     return x.to(cache_ptr.dtype.element_ty)
 
 
+# %% ../../kernels_nb/05_kv_store.ipynb #1b1c51ce
 @triton.jit(do_not_specialize=["n_tokens"])
 def _store_kv_kernel(
-    k_ptr,
-    v_ptr,
-    kc_ptr,
-    vc_ptr,
-    slot_ptr,
-    n_tokens,
-    block_size,
-    sk_t,
-    sk_h,
-    sv_t,
-    sv_h,
-    skc_b,
-    skc_s,
-    skc_h,
-    skc_d,
-    svc_b,
-    svc_s,
-    svc_h,
-    svc_d,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    ROWS: tl.constexpr,
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, n_tokens, block_size, sk_t, sk_h, sv_t, sv_h,
+    skc_b, skc_s, skc_h, skc_d, svc_b, svc_s, svc_h, svc_d,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
     FP8_MAX: tl.constexpr,
-):
+):  # fmt: skip
     "Copy `k`, `v` of `ROWS` tokens `[H, D]` each into the cache slots `slot_mapping[t]`, skipping negative slots."
     toks = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     slot = tl.load(slot_ptr + toks, mask=toks < n_tokens, other=-1).to(tl.int64)
@@ -77,6 +58,7 @@ def _store_kv_kernel(
 DEFAULTS = {"tile": 4096, "max_rows": 32, "min_programs": 264, "num_warps": 4}
 
 
+# %% ../../kernels_nb/05_kv_store.ipynb #10698597
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Tokens per program and warps, for tokens of `n_cols` (padded) K elements and `n_rows` tokens."
     rows = autotune.rows_per_program(n_cols, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
@@ -89,7 +71,8 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
 def store_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    "Write `k`, `v` `[T, Hk, D]` into the caches `[num_blocks, block_size, Hk, D]` at `slot_mapping` `[T]` (in place; -1 skips)."
+    """Write `k`, `v` `[T, Hk, D]` into the caches `[num_blocks, block_size, Hk, D]` at `slot_mapping` `[T]`
+    (in place; -1 skips)."""
     T, H, D = k.shape
     assert v.shape == k.shape and slot_mapping.shape == (T,), "k, v [T, Hk, D] and slot_mapping [T]"
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (H, D), (
@@ -101,26 +84,10 @@ def store_kv_cache(
     bh, bd = triton.next_power_of_2(H), triton.next_power_of_2(D)
     cfg = _config(bh * bd, T)
     _store_kv_kernel[(triton.cdiv(T, cfg["ROWS"]),)](
-        k,
-        v,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        T,
-        k_cache.shape[1],
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        *k_cache.stride(),
-        *v_cache.stride(),
-        H=H,
-        D=D,
-        BLOCK_H=bh,
-        BLOCK_D=bd,
-        FP8_MAX=reference.fp8_max(k_cache.dtype),
-        **cfg,
-    )
+        k, v, k_cache, v_cache, slot_mapping, T, k_cache.shape[1], k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *k_cache.stride(), *v_cache.stride(),
+        H=H, D=D, BLOCK_H=bh, BLOCK_D=bd, FP8_MAX=reference.fp8_max(k_cache.dtype), **cfg,
+    )  # fmt: skip
 
 
 # %% ../../kernels_nb/05_kv_store.ipynb #35e36456
@@ -128,32 +95,28 @@ TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 KV_HEADS = ((8, 128), (8, 64), (2, 128))  # (Hk, D): Qwen3-0.6B / Llama-3-8B, head_dim 64, few KV heads
 
 
+# %% ../../kernels_nb/05_kv_store.ipynb #961cb113
+def _time_store(T: int, H: int, D: int, dtype, block_size: int, timer, device) -> list:
+    "`store_kv_cache` and the reference on `T` tokens of a fused QKV tensor, into shuffled blocks: two rows."
+    nb, e = triton.cdiv(T, block_size), torch.finfo(dtype).bits // 8
+    qkv = torch.randn(T, (16 + 2 * H) * D, device=device, dtype=dtype)
+    k, v = qkv[:, 16 * D : (16 + H) * D].view(T, H, D), qkv[:, (16 + H) * D :].view(T, H, D)
+    kc, vc = (torch.empty(nb, block_size, H, D, device=device, dtype=dtype) for _ in range(2))
+    t = torch.arange(T, device=device)
+    slots = torch.randperm(nb, device=device)[t // block_size] * block_size + t % block_size
+    nbytes, shape, dt = 4 * T * H * D * e + T * 8, f"{T}x{H}x{D}", str(dtype).replace("torch.", "")
+    rows = []
+    for backend, fn in (("triton", store_kv_cache), ("torch", reference.store_kv_cache)):
+        ms = timer(lambda: fn(k, v, kc, vc, slots))
+        rows.append(dict(op="store_kv_cache", backend=backend, shape=shape, dtype=dt, ms=ms, gbps=nbytes / ms / 1e6))
+    return rows
+
+
+# %% ../../kernels_nb/05_kv_store.ipynb #3ecccdbb
 def benchmark(
     device="cuda", tokens=TOKENS, kv_heads=KV_HEADS, dtypes=(torch.bfloat16,), timer=None, block_size=16
 ) -> list[dict]:
     "Time `store_kv_cache` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer, rows = timer or autotune.median_ms, []
-    for dtype in dtypes:
-        e = torch.finfo(dtype).bits // 8
-        for H, D in kv_heads:
-            for T in tokens:
-                nb = triton.cdiv(T, block_size)
-                qkv = torch.randn(T, (16 + 2 * H) * D, device=device, dtype=dtype)
-                k, v = qkv[:, 16 * D : (16 + H) * D].view(T, H, D), qkv[:, (16 + H) * D :].view(T, H, D)
-                kc, vc = (torch.empty(nb, block_size, H, D, device=device, dtype=dtype) for _ in range(2))
-                t = torch.arange(T, device=device)
-                slots = torch.randperm(nb, device=device)[t // block_size] * block_size + t % block_size
-                nbytes = 4 * T * H * D * e + T * 8
-                for backend, fn in (("triton", store_kv_cache), ("torch", reference.store_kv_cache)):
-                    ms = timer(lambda: fn(k, v, kc, vc, slots))
-                    rows.append(
-                        dict(
-                            op="store_kv_cache",
-                            backend=backend,
-                            shape=f"{T}x{H}x{D}",
-                            dtype=str(dtype).replace("torch.", ""),
-                            ms=ms,
-                            gbps=nbytes / ms / 1e6,
-                        )
-                    )
-    return rows
+    timer = timer or autotune.median_ms
+    cases = [(T, H, D, dtype) for dtype in dtypes for H, D in kv_heads for T in tokens]
+    return [row for T, H, D, dtype in cases for row in _time_store(T, H, D, dtype, block_size, timer, device)]

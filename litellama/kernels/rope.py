@@ -1,4 +1,4 @@
-"""`rotary_embedding` as one Triton launch for queries and keys: each token's cosines and sines are loaded once and applied to all its heads, straight from the fused QKV output.
+"""`rotary_embedding` as one Triton launch for queries and keys, straight from the fused QKV output.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/rope.html.md"""
 
@@ -62,67 +62,42 @@ def _rotate_heads(
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin, mask, h, d
 
 
+# %% ../../kernels_nb/03_rope.ipynb #431ac6af
 @triton.jit
 def _store_heads(o_ptr, rows, s_h, s_d, y1, y2, mask, h, d, HALF: tl.constexpr, FP8_MAX: tl.constexpr):
-    "Write halves `y1`, `y2` of each head to `o` at token offsets `rows`, head stride `s_h`, element stride `s_d`; an fp8 `o` saturates."
+    """Write halves `y1`, `y2` of each head to `o` at token offsets `rows`, head stride `s_h`, element stride `s_d`;
+    an fp8 `o` saturates."""
     o = o_ptr + rows[:, None, None] + (h * s_h)[None, :, None] + (d * s_d)[None, None, :]
     tl.store(o, to_cache(y1, o_ptr, FP8_MAX), mask=mask)  # `05_kv_store.ipynb`
     tl.store(o + HALF * s_d, to_cache(y2, o_ptr, FP8_MAX), mask=mask)
 
 
-# %% ../../kernels_nb/03_rope.ipynb #a84f415f
-@triton.jit(do_not_specialize=["n_tokens"])
-def _rope_kernel(
-    pos_ptr,
-    cs_ptr,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    qw_ptr,
-    kw_ptr,
-    qo_ptr,
-    ko_ptr,
-    vo_ptr,
-    slot_ptr,
-    eps,
-    n_tokens,
-    s_cs,
-    sq_t,
-    sq_h,
-    sk_t,
-    sk_h,
-    sv_t,
-    sv_h,
-    block_size,
-    sko_b,
-    sko_s,
-    sko_h,
-    sko_d,
-    svo_b,
-    svo_s,
-    svo_h,
-    svo_d,
-    HQ: tl.constexpr,
-    HK: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    BLOCK_HK: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    ROWS: tl.constexpr,
-    NORM: tl.constexpr,
-    STORE: tl.constexpr,
-    FP8_MAX: tl.constexpr,
-):
-    """Rotate `q` and `k` of `ROWS` tokens by the angles of their positions into contiguous `qo`, and `k` into
-    contiguous `ko` — or, with `STORE`, `k` and `v` into the cache slots `slot_mapping[t]` (negative: skipped)."""
-    toks = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    tmask = toks < n_tokens
+# %% ../../kernels_nb/03_rope.ipynb #6cbdb265
+@triton.jit
+def _cos_sin(pos_ptr, cs_ptr, toks, tmask, s_cs, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    "The float32 cosines and sines `[tokens, 1, BLOCK_HALF]` of tokens `toks`, from the rows of their positions."
     d = tl.arange(0, BLOCK_HALF)
     pos = tl.load(pos_ptr + toks, mask=tmask, other=0).to(tl.int64)
     cmask = tmask[:, None] & (d < HALF)[None, :]
     cs = cs_ptr + pos[:, None] * s_cs + d[None, :]
     cos = tl.load(cs, mask=cmask, other=0.0).to(tl.float32)[:, None, :]
     sin = tl.load(cs + HALF, mask=cmask, other=0.0).to(tl.float32)[:, None, :]
+    return cos, sin
+
+
+# %% ../../kernels_nb/03_rope.ipynb #a84f415f
+@triton.jit(do_not_specialize=["n_tokens"])
+def _rope_kernel(
+    pos_ptr, cs_ptr, q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, qo_ptr, ko_ptr, vo_ptr, slot_ptr, eps, n_tokens,
+    s_cs, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, block_size, sko_b, sko_s, sko_h, sko_d, svo_b, svo_s, svo_h, svo_d,
+    HQ: tl.constexpr, HK: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr, FP8_MAX: tl.constexpr,
+):  # fmt: skip
+    """Rotate `q` and `k` of `ROWS` tokens by the angles of their positions into contiguous `qo`, and `k` into
+    contiguous `ko` — or, with `STORE`, `k` and `v` into the cache slots `slot_mapping[t]` (negative: skipped)."""
+    toks = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    tmask = toks < n_tokens
+    cos, sin = _cos_sin(pos_ptr, cs_ptr, toks, tmask, s_cs, HALF, BLOCK_HALF)
     toks = toks.to(tl.int64)  # offsets of huge tensors overflow int32
     y1, y2, mask, h, d3 = _rotate_heads(
         q_ptr, toks, tmask, sq_t, sq_h, cos, sin, qw_ptr, eps, HQ, BLOCK_HQ, HALF, BLOCK_HALF, NORM
@@ -155,6 +130,7 @@ def _rope_kernel(
 DEFAULTS = {"tile": 4096, "max_rows": 32, "min_programs": 264, "num_warps": 4}
 
 
+# %% ../../kernels_nb/03_rope.ipynb #ded9755b
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Tokens per program and warps, for tokens of `n_cols` (padded) q+k elements each and `n_rows` tokens."
     rows = autotune.rows_per_program(n_cols, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
@@ -163,12 +139,19 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
     )
 
 
-# %% ../../kernels_nb/03_rope.ipynb #117e0358
-def _rope(positions, q, k, cos_sin_cache, k_dst, v=None, v_cache=None, slot_mapping=None, weights=None, eps=0.0):
-    "Launch `_rope_kernel`: returns the rotated `q`; `k` goes to `k_dst` (contiguous, or the K cache when `v` is given)."
-    (T, Hq, D), Hk = q.shape, k.shape[1]
+# %% ../../kernels_nb/03_rope.ipynb #c39d2020
+def _check_rope_args(positions, q, k, cos_sin_cache):
+    "One clear line for each way `q` `[T, Hq, D]`, `k` `[T, Hk, D]`, `positions` `[T]` and the cache may not fit."
+    (T, _, D), Hk = q.shape, k.shape[1]
     assert k.shape == (T, Hk, D) and positions.shape == (T,) and D % 2 == 0, "q [T, Hq, D], k [T, Hk, D], positions [T]"
     assert cos_sin_cache.shape[-1] == D, f"cos_sin_cache rows have {cos_sin_cache.shape[-1]} values, head_dim is {D}"
+
+
+# %% ../../kernels_nb/03_rope.ipynb #117e0358
+def _rope(positions, q, k, cos_sin_cache, k_dst, v=None, v_cache=None, slot_mapping=None, weights=None, eps=0.0):
+    "Launch `_rope_kernel`: returns the rotated `q`; `k` goes to `k_dst` (contiguous, or the K cache if `v` is given)."
+    (T, Hq, D), Hk = q.shape, k.shape[1]
+    _check_rope_args(positions, q, k, cos_sin_cache)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if T == 0:
         return q_out
@@ -179,44 +162,20 @@ def _rope(positions, q, k, cos_sin_cache, k_dst, v=None, v_cache=None, slot_mapp
     cfg = _config((bq + (2 if store else 1) * bk) * 2 * bd, T)
     qw, kw = weights if weights is not None else (q, k)  # not read without the norms
     _rope_kernel[(triton.cdiv(T, cfg["ROWS"]),)](
-        positions,
-        cs,
-        q,
-        k,
-        v if store else k,
-        qw,
-        kw,
-        q_out,
-        k_dst,
-        v_cache if store else k_dst,
-        slot_mapping if store else positions,
-        eps,
-        T,
-        cs.stride(0),
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        *(v.stride()[:2] if store else (0, 0)),
-        k_dst.shape[1] if store else 1,
-        *(k_dst.stride() if store else (0, 0, 0, 1)),
+        positions, cs, q, k, v if store else k, qw, kw, q_out, k_dst, v_cache if store else k_dst,
+        slot_mapping if store else positions, eps, T,
+        cs.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), *(v.stride()[:2] if store else (0, 0)),
+        k_dst.shape[1] if store else 1, *(k_dst.stride() if store else (0, 0, 0, 1)),
         *(v_cache.stride() if store else (0, 0, 0, 1)),
-        HQ=Hq,
-        HK=Hk,
-        BLOCK_HQ=bq,
-        BLOCK_HK=bk,
-        HALF=D // 2,
-        BLOCK_HALF=bd,
-        NORM=weights is not None,
-        STORE=store,
-        FP8_MAX=reference.fp8_max(k_dst.dtype),
-        **cfg,
-    )
+        HQ=Hq, HK=Hk, BLOCK_HQ=bq, BLOCK_HK=bk, HALF=D // 2, BLOCK_HALF=bd, NORM=weights is not None, STORE=store,
+        FP8_MAX=reference.fp8_max(k_dst.dtype), **cfg,
+    )  # fmt: skip
     return q_out
 
 
+# %% ../../kernels_nb/03_rope.ipynb #911753e0
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
-    "Rotate `q` `[T, Hq, D]` and `k` `[T, Hk, D]` by their `positions` `[T]` (rotate-half layout); returns new `(q, k)`."
+    "Rotate `q` `[T, Hq, D]` and `k` `[T, Hk, D]` by their `positions` `[T]` (rotate-half layout): new `(q, k)`."
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     return _rope(positions, q, k, cos_sin_cache, k_out), k_out
 
@@ -247,12 +206,20 @@ def rope_and_store_kv(
     return _rope(positions, q, k, cos_sin_cache, k_cache, v, v_cache, slot_mapping, weights, eps)
 
 
-# %% ../../kernels_nb/03_rope.ipynb #1f637030
-def mrope_rows(half: int, mrope_section, device=None) -> torch.Tensor:
-    "Which position row (0 time, 1 height, 2 width) drives each of the `half` rotary frequencies, interleaved as Qwen3-VL was trained."
+# %% ../../kernels_nb/03_rope.ipynb #363cd2a4
+def _check_section(mrope_section, half: int) -> list:
+    "`mrope_section` as a list of its three parts, which must sum to `half` (head_dim / 2)."
     s = list(mrope_section)
     if len(s) != 3 or sum(s) != half:
         raise ValueError(f"mrope_section {s} must have three parts summing to head_dim/2 = {half}")
+    return s
+
+
+# %% ../../kernels_nb/03_rope.ipynb #1f637030
+def mrope_rows(half: int, mrope_section, device=None) -> torch.Tensor:
+    """Which position row (0 time, 1 height, 2 width) drives each of the `half` rotary frequencies, interleaved as
+    Qwen3-VL was trained."""
+    s = _check_section(mrope_section, half)
     d = torch.arange(half, device=device)
     row = torch.zeros(half, dtype=torch.int64, device=device)
     row[(d % 3 == 1) & (d < 3 * s[1])] = 1
@@ -260,6 +227,7 @@ def mrope_rows(half: int, mrope_section, device=None) -> torch.Tensor:
     return row
 
 
+# %% ../../kernels_nb/03_rope.ipynb #07b5a83f
 def mrope_cos_sin_ref(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrope_section) -> torch.Tensor:
     "Per-token `[T, D]` cos|sin rows: frequency `j` read at the position of its row (`mrope_rows`)."
     half = cos_sin_cache.shape[-1] // 2
@@ -268,20 +236,12 @@ def mrope_cos_sin_ref(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrop
     return torch.cat([cos_sin_cache[pos, d], cos_sin_cache[pos, d + half]], -1)
 
 
+# %% ../../kernels_nb/03_rope.ipynb #b4cd9627
 @triton.jit(do_not_specialize=["n_tokens"])
 def _mrope_cos_sin_kernel(
-    pos_ptr,
-    cs_ptr,
-    out_ptr,
-    n_tokens,
-    s_p,
-    s_cs,
-    S1: tl.constexpr,
-    S2: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    ROWS: tl.constexpr,
-):
+    pos_ptr, cs_ptr, out_ptr, n_tokens, s_p, s_cs,
+    S1: tl.constexpr, S2: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
     toks = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     d = tl.arange(0, BLOCK_HALF)
     row = tl.where((d % 3 == 1) & (d < 3 * S1), 1, tl.where((d % 3 == 2) & (d < 3 * S2), 2, 0))
@@ -293,13 +253,13 @@ def _mrope_cos_sin_kernel(
     tl.store(dst + HALF, tl.load(src + HALF, mask=mask), mask=mask)
 
 
+# %% ../../kernels_nb/03_rope.ipynb #8073cff8
 def mrope_cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrope_section) -> torch.Tensor:
     "`mrope_cos_sin_ref` as one Triton launch: a gather, no arithmetic."
     assert positions.dim() == 2 and positions.shape[0] == 3, "positions [3, T]"
     T, D = positions.shape[1], cos_sin_cache.shape[-1]
-    half, s = D // 2, list(mrope_section)
-    if len(s) != 3 or sum(s) != half:
-        raise ValueError(f"mrope_section {s} must have three parts summing to head_dim/2 = {half}")
+    half = D // 2
+    s = _check_section(mrope_section, half)
     out = torch.empty(T, D, dtype=cos_sin_cache.dtype, device=cos_sin_cache.device)
     if T == 0:
         return out
@@ -307,18 +267,9 @@ def mrope_cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, mrope_se
     cs = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     rows = 16
     _mrope_cos_sin_kernel[(triton.cdiv(T, rows),)](
-        pos,
-        cs,
-        out,
-        T,
-        pos.stride(0),
-        cs.stride(0),
-        S1=s[1],
-        S2=s[2],
-        HALF=half,
-        BLOCK_HALF=triton.next_power_of_2(half),
-        ROWS=rows,
-    )
+        pos, cs, out, T, pos.stride(0), cs.stride(0),
+        S1=s[1], S2=s[2], HALF=half, BLOCK_HALF=triton.next_power_of_2(half), ROWS=rows,
+    )  # fmt: skip
     return out
 
 
@@ -327,58 +278,59 @@ TOKENS = (1, 16, 128, 1024, 4096, 16384, 32768)
 HEADS = ((16, 8, 128), (32, 8, 128), (32, 8, 64))  # (Hq, Hk, D): Qwen3-0.6B, Llama-3-8B, head_dim 64
 
 
+# %% ../../kernels_nb/03_rope.ipynb #c3e36ebb
+def _row(op: str, backend: str, T: int, Hq: int, Hk: int, D: int, dtype, ms: float, nbytes: int) -> dict:
+    "One benchmark row: `T` tokens of `Hq`/`Hk` heads of `D`, timed at `ms`, moving `nbytes`."
+    dt = str(dtype).replace("torch.", "")
+    return dict(op=op, backend=backend, shape=f"{T}x{Hq}x{Hk}x{D}", dtype=dt, ms=ms, gbps=nbytes / ms / 1e6)
+
+
+# %% ../../kernels_nb/03_rope.ipynb #4f4391c8
+def _time_rotary(T: int, Hq: int, Hk: int, D: int, dtype, cache, timer, device) -> tuple:
+    "`rotary_embedding` and the reference on `T` tokens of a fused QKV tensor: the rows, and `(q, k, v, pos)`."
+    e = torch.finfo(dtype).bits // 8
+    qkv = torch.randn(T, (Hq + 2 * Hk) * D, device=device, dtype=dtype)
+    q, k = qkv[:, : Hq * D].view(T, Hq, D), qkv[:, Hq * D : (Hq + Hk) * D].view(T, Hk, D)
+    pos = torch.randint(0, 40960, (T,), device=device)
+    nbytes = 2 * T * (Hq + Hk) * D * e + T * D * 4 + T * 8
+    rows = []
+    for backend, fn in (("triton", rotary_embedding), ("torch", reference.rotary_embedding)):
+        rows.append(_row("rotary_embedding", backend, T, Hq, Hk, D, dtype, timer(lambda: fn(pos, q, k, cache)), nbytes))
+    return rows, (q, k, qkv[:, (Hq + Hk) * D :].view(T, Hk, D), pos)
+
+
+# %% ../../kernels_nb/03_rope.ipynb #66483347
+def _time_fused(q, k, v, pos, cache, dtype, timer) -> list:
+    "`rope_and_store_kv` with Qwen3's norms against the reference, and against the same work as separate launches."
+    from litellama.kernels import kv_store, rmsnorm
+
+    (T, Hq, D), Hk, e, device = q.shape, k.shape[1], torch.finfo(dtype).bits // 8, q.device
+    kc, vc = (torch.empty(triton.cdiv(T, 16), 16, Hk, D, device=device, dtype=dtype) for _ in range(2))
+    slots, w = torch.arange(T, device=device), torch.ones(D, device=device, dtype=dtype)
+
+    def separate():
+        q2, k2 = rotary_embedding(pos, rmsnorm.rms_norm(q, w, 1e-6), rmsnorm.rms_norm(k, w, 1e-6), cache)
+        kv_store.store_kv_cache(k2, v, kc, vc, slots)
+
+    fused_bytes = 2 * T * (Hq + 2 * Hk) * D * e + T * D * 4 + T * 16
+    fns = (
+        ("triton", lambda: rope_and_store_kv(pos, q, k, v, cache, kc, vc, slots, w, w, 1e-6)),
+        ("triton_separate", separate),
+        ("torch", lambda: reference.rope_and_store_kv(pos, q, k, v, cache, kc, vc, slots, w, w, 1e-6)),
+    )
+    return [_row("rope_and_store_kv", b, T, Hq, Hk, D, dtype, timer(fn), fused_bytes) for b, fn in fns]
+
+
+# %% ../../kernels_nb/03_rope.ipynb #ab38317b
 def benchmark(device="cuda", tokens=TOKENS, heads=HEADS, dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     """Time `rotary_embedding` against the reference, and `rope_and_store_kv` (with norms) against the reference and
     against the same work in separate launches; rows of op, backend, shape, dtype, ms, GB/s."""
     timer, rows = timer or autotune.median_ms, []
     for dtype in dtypes:
-        e = torch.finfo(dtype).bits // 8
         for Hq, Hk, D in heads:
             angles = torch.rand(40960, D // 2, device=device) * 6.3
             cache = torch.cat([angles.cos(), angles.sin()], -1)
             for T in tokens:
-                qkv = torch.randn(T, (Hq + 2 * Hk) * D, device=device, dtype=dtype)
-                q, k = qkv[:, : Hq * D].view(T, Hq, D), qkv[:, Hq * D : (Hq + Hk) * D].view(T, Hk, D)
-                pos = torch.randint(0, 40960, (T,), device=device)
-                nbytes = 2 * T * (Hq + Hk) * D * e + T * D * 4 + T * 8
-                for backend, fn in (("triton", rotary_embedding), ("torch", reference.rotary_embedding)):
-                    ms = timer(lambda: fn(pos, q, k, cache))
-                    rows.append(
-                        dict(
-                            op="rotary_embedding",
-                            backend=backend,
-                            shape=f"{T}x{Hq}x{Hk}x{D}",
-                            dtype=str(dtype).replace("torch.", ""),
-                            ms=ms,
-                            gbps=nbytes / ms / 1e6,
-                        )
-                    )
-                # the fused op with Qwen3's norms, against the same work as separate Triton launches
-                v = qkv[:, (Hq + Hk) * D :].view(T, Hk, D)
-                kc, vc = (torch.empty(triton.cdiv(T, 16), 16, Hk, D, device=device, dtype=dtype) for _ in range(2))
-                slots, w = torch.arange(T, device=device), torch.ones(D, device=device, dtype=dtype)
-
-                def separate():
-                    from litellama.kernels import kv_store, rmsnorm
-
-                    q2, k2 = rotary_embedding(pos, rmsnorm.rms_norm(q, w, 1e-6), rmsnorm.rms_norm(k, w, 1e-6), cache)
-                    kv_store.store_kv_cache(k2, v, kc, vc, slots)
-
-                fused_bytes = 2 * T * (Hq + 2 * Hk) * D * e + T * D * 4 + T * 16
-                for backend, fn in (
-                    ("triton", lambda: rope_and_store_kv(pos, q, k, v, cache, kc, vc, slots, w, w, 1e-6)),
-                    ("triton_separate", separate),
-                    ("torch", lambda: reference.rope_and_store_kv(pos, q, k, v, cache, kc, vc, slots, w, w, 1e-6)),
-                ):
-                    ms = timer(fn)
-                    rows.append(
-                        dict(
-                            op="rope_and_store_kv",
-                            backend=backend,
-                            shape=f"{T}x{Hq}x{Hk}x{D}",
-                            dtype=str(dtype).replace("torch.", ""),
-                            ms=ms,
-                            gbps=fused_bytes / ms / 1e6,
-                        )
-                    )
+                rot, (q, k, v, pos) = _time_rotary(T, Hq, Hk, D, dtype, cache, timer, device)
+                rows += rot + _time_fused(q, k, v, pos, cache, dtype, timer)
     return rows

@@ -1,4 +1,4 @@
-"""LayerNorm, GELU (exact and quick) and the vision tower's bidirectional attention: a PyTorch reference for each, Triton for the norm and the activations, and how the registry picks them.
+"""LayerNorm, GELU (exact and quick) and the vision tower's bidirectional attention.
 
 Docs: https://litellama.github.io/litellama/kernels_nb/vision.html.md"""
 
@@ -29,11 +29,13 @@ def layer_norm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
     return F.layer_norm(x.float(), x.shape[-1:], weight.float(), bias.float(), eps).to(x.dtype)
 
 
+# %% ../../kernels_nb/12_vision.ipynb #92357b78
 def gelu_ref(x: torch.Tensor) -> torch.Tensor:
     "Exact GELU, `x * Φ(x)` (erf form), computed in float32."
     return F.gelu(x.float()).to(x.dtype)
 
 
+# %% ../../kernels_nb/12_vision.ipynb #9d971cbf
 def quick_gelu_ref(x: torch.Tensor) -> torch.Tensor:
     "CLIP's quick GELU, `x * sigmoid(1.702 x)`, computed in float32."
     xf = x.float()
@@ -42,11 +44,12 @@ def quick_gelu_ref(x: torch.Tensor) -> torch.Tensor:
 
 # %% ../../kernels_nb/12_vision.ipynb #abaeb56c
 def vision_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    "Softmax attention of each image's patches over all of its patches: `q, k, v` `[B, N, heads, D]` -> `[B, N, heads, D]`."
+    "Softmax attention of each image's patches over all its patches: `q, k, v` `[B, N, heads, D]` -> the same shape."
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
     return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v.float()).to(q.dtype)
 
 
+# %% ../../kernels_nb/12_vision.ipynb #fad74670
 def vision_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     "The same through `torch.nn.functional.scaled_dot_product_attention` (flash / memory-efficient kernels on a GPU)."
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
@@ -69,6 +72,7 @@ def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_rows, s_x, eps, N: tl.con
     tl.store(out_ptr + row * N + cols, (d * rstd * w + b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# %% ../../kernels_nb/12_vision.ipynb #ec207418
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     "LayerNorm over the last dimension of `x` (any leading shape)."
     N = x.shape[-1]
@@ -106,6 +110,7 @@ def _gelu_kernel(x_ptr, out_ptr, n, QUICK: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# %% ../../kernels_nb/12_vision.ipynb #707fe00e
 def _gelu(x: torch.Tensor, quick: bool) -> torch.Tensor:
     xc = x.contiguous()
     out = torch.empty_like(xc)
@@ -115,11 +120,13 @@ def _gelu(x: torch.Tensor, quick: bool) -> torch.Tensor:
     return out
 
 
+# %% ../../kernels_nb/12_vision.ipynb #2a27f014
 def gelu(x: torch.Tensor) -> torch.Tensor:
     "Exact (erf) GELU."
     return _gelu(x, False)
 
 
+# %% ../../kernels_nb/12_vision.ipynb #7260467c
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     "CLIP's quick GELU, `x * sigmoid(1.702 x)`."
     return _gelu(x, True)
