@@ -19,19 +19,19 @@ __all__ = [
     "EngineArgs",
 ]
 
-# %% ../nbs/00_config.ipynb #654e49a3
+# %% ../nbs/00_config.ipynb #d02b3057
 from dataclasses import dataclass, fields
 
 from .utils import patch
 
-# %% ../nbs/00_config.ipynb #b134ec4f
+# %% ../nbs/00_config.ipynb #40743334
 KV_CACHE_DTYPES = {"auto": None, "fp8": "float8_e4m3fn"}  # name -> torch dtype (auto: the model's dtype)
 DTYPES = ("auto", "float32", "fp32", "float", "float16", "fp16", "half", "bfloat16", "bf16")
 QUANTIZATION_METHODS = ("int8", "fp8", "compressed-tensors", "awq", "gptq")  # the layers' QUANT_SCHEMES
 ROUTING_POLICIES = ("round_robin", "least_loaded")  # data parallel: which replica takes a request
 
 
-# %% ../nbs/00_config.ipynb #69531eb6
+# %% ../nbs/00_config.ipynb #426b48fa
 def _check(ok: bool, msg: str):
     if not ok:
         raise ValueError(msg)
@@ -46,7 +46,7 @@ def _one_of(name: str, v, allowed, verb: str = "unknown"):
     _check(v in allowed, f"{verb} {name} '{v}'; use {' or '.join(allowed)}")
 
 
-# %% ../nbs/00_config.ipynb #0ac2f62d
+# %% ../nbs/00_config.ipynb #be8547ef
 def _check_dtype(dtype):
     if isinstance(dtype, str) or dtype is None:
         _check(dtype in (None, *DTYPES), f"unknown dtype '{dtype}'; use auto, float32, float16 or bfloat16")
@@ -64,7 +64,7 @@ def _check_quantization(q):
         )
 
 
-# %% ../nbs/00_config.ipynb #ff4d5d2c
+# %% ../nbs/00_config.ipynb #d0183821
 @dataclass
 class ModelConfig:
     "The checkpoint and how it runs."
@@ -81,10 +81,10 @@ class ModelConfig:
         _check_dtype(self.dtype)
         _check_quantization(self.quantization)
         _at_least("max_model_len", self.max_model_len)
-        _at_least("seed", self.seed, 0, none_ok=False)
+        _check(isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
 
 
-# %% ../nbs/00_config.ipynb #599041ea
+# %% ../nbs/00_config.ipynb #f244f4f0
 @dataclass
 class CacheConfig:
     "The paged KV cache: block size, how many blocks, their dtype, prefix caching."
@@ -109,7 +109,7 @@ class CacheConfig:
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
 
 
-# %% ../nbs/00_config.ipynb #d3232e4d
+# %% ../nbs/00_config.ipynb #535d0291
 @patch
 def torch_kv_dtype(self: CacheConfig):
     "The cache's torch dtype: None for `auto` (the model's dtype), `torch.float8_e4m3fn` for `fp8`."
@@ -119,7 +119,7 @@ def torch_kv_dtype(self: CacheConfig):
     return None if name is None else getattr(torch, name)
 
 
-# %% ../nbs/00_config.ipynb #110dce1a
+# %% ../nbs/00_config.ipynb #6d33b304
 def default_max_num_batched_tokens(device) -> int:
     "Tokens per step when not given: 16384 on a GPU, 8192 elsewhere."
     import torch
@@ -129,7 +129,7 @@ def default_max_num_batched_tokens(device) -> int:
     return 16384 if torch.device(device).type == "cuda" else 8192
 
 
-# %% ../nbs/00_config.ipynb #70584132
+# %% ../nbs/00_config.ipynb #e517109c
 @dataclass
 class SchedulerConfig:
     "How many sequences and tokens one step may hold, and whether steps overlap."
@@ -143,7 +143,7 @@ class SchedulerConfig:
         _at_least("max_num_batched_tokens", self.max_num_batched_tokens)
 
 
-# %% ../nbs/00_config.ipynb #45f7c20e
+# %% ../nbs/00_config.ipynb #f9d94f22
 @dataclass
 class ParallelConfig:
     "Ranks per replica, replicas, how requests are routed, and the ranks' rendezvous port."
@@ -160,7 +160,7 @@ class ParallelConfig:
         _at_least("master_port", self.master_port)
 
 
-# %% ../nbs/00_config.ipynb #fa3ced4f
+# %% ../nbs/00_config.ipynb #499e7b16
 _CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig)
 
 
@@ -172,7 +172,7 @@ class EngineArgs(ParallelConfig, SchedulerConfig, CacheConfig, ModelConfig):
         self.create_engine_configs()  # each config checks its own fields
 
 
-# %% ../nbs/00_config.ipynb #d42041ca
+# %% ../nbs/00_config.ipynb #27b7ba8c
 @patch
 def create_engine_configs(self: EngineArgs) -> tuple:
     "`(ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig)`; `max_num_batched_tokens` None is resolved here."
@@ -182,14 +182,14 @@ def create_engine_configs(self: EngineArgs) -> tuple:
     return model, cache, sched, par
 
 
-# %% ../nbs/00_config.ipynb #bd0bcff4
+# %% ../nbs/00_config.ipynb #7d0cc349
 @patch
 def to_kwargs(self: EngineArgs, defaults: bool = False) -> dict:
     "The options as keyword arguments: those that differ from their default (all of them with `defaults`)."
     return {f.name: getattr(self, f.name) for f in fields(self) if defaults or getattr(self, f.name) != f.default}
 
 
-# %% ../nbs/00_config.ipynb #e89069a4
+# %% ../nbs/00_config.ipynb #7c77649c
 CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the field to the opposite of its default
     "model": ("--model-dir", "HF checkpoint directory (default: $LITELLAMA_MODEL_DIR, else the bundled SmolLM2)"),
     "device": ("--device", "where the model runs: auto (the GPU if there is one), cpu, cuda, cuda:1, ..."),
@@ -225,7 +225,7 @@ _SWITCHES = {
 }  # the value a switch sets
 
 
-# %% ../nbs/00_config.ipynb #72f49267
+# %% ../nbs/00_config.ipynb #10b3d7fa
 @patch(cls_method=True)
 def add_cli_args(cls: EngineArgs, parser, only=None):
     "Add the engine's flags (all of `CLI_FLAGS`, or the fields in `only`) to `parser`; returns `parser`."
@@ -239,14 +239,14 @@ def add_cli_args(cls: EngineArgs, parser, only=None):
     return parser
 
 
-# %% ../nbs/00_config.ipynb #b0908498
+# %% ../nbs/00_config.ipynb #641aed58
 @patch(cls_method=True)
 def from_cli_args(cls: EngineArgs, args):
     "The `EngineArgs` of a parsed namespace: the flags that were given, defaults for the rest."
     return cls(**{k: getattr(args, k) for k in CLI_FLAGS if getattr(args, k, None) is not None})
 
 
-# %% ../nbs/00_config.ipynb #21c26946
+# %% ../nbs/00_config.ipynb #d6a7e14d
 @patch
 def to_cli_args(self: EngineArgs) -> list:
     "The flags that give these arguments (options without a flag must be at their defaults)."
