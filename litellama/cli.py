@@ -42,6 +42,7 @@ def _engine_args(p):
     EngineArgs.add_cli_args(p)
 
 
+# %% ../nbs/16_cli.ipynb #8701cf80
 def _engine_options(a) -> dict:
     "The engine options given on the command line, as keyword arguments (all but `--model-dir`), checked."
     opts = EngineArgs.from_cli_args(a).to_kwargs()
@@ -58,6 +59,7 @@ def _sampling_args(p, max_tokens=256):
     p.add_argument("--seed", type=int, default=None)
 
 
+# %% ../nbs/16_cli.ipynb #18a79ded
 def _params(a, **kw):
     from litellama.sampling import SamplingParams
 
@@ -263,6 +265,8 @@ QUANTIZERS = {  # `litellama quantize --method NAME`: "module:function(model_dir
     "rtn": "litellama.awq_quantizer:quantize_rtn",  # 4-bit, written in AWQ's format (23_awq_quantizer)
     "awq": "litellama.awq_quantizer:quantize_awq",
 }
+
+# %% ../nbs/16_cli.ipynb #c04a5284
 QUANTIZE_OPTIONS = {
     "smoothquant": ("alpha", "calibration", "max_tokens", "device"),
     "rtn": ("bits", "group_size"),
@@ -395,6 +399,7 @@ def _add_generate(sub):
     g.set_defaults(fn=cmd_generate)
 
 
+# %% ../nbs/16_cli.ipynb #9f03f1f4
 def _add_chat(sub):
     c = sub.add_parser("chat", help="interactive chat")
     _engine_args(c)
@@ -414,6 +419,7 @@ def _add_batch(sub):
     b.set_defaults(fn=cmd_batch)
 
 
+# %% ../nbs/16_cli.ipynb #dc975b4e
 def _add_demo(sub):
     d = sub.add_parser("demo", help="the bundled model answers a few questions")
     _engine_args(d)
@@ -435,6 +441,7 @@ def _add_serve(sub):
     )
 
 
+# %% ../nbs/16_cli.ipynb #682658fc
 def _add_vl_chat(sub):
     v = sub.add_parser("vl-chat", help="chat about images with a vision-language model (LLaVA-1.5, Qwen3-VL)")
     _engine_args(v)
@@ -456,6 +463,7 @@ def _add_bench(sub):
     bn.set_defaults(fn=cmd_bench)
 
 
+# %% ../nbs/16_cli.ipynb #c605360a
 def _add_tune(sub):
     t = sub.add_parser("tune", help="autotune the Triton kernels for this GPU (saved under the cache directory)")
     t.add_argument("--ops", nargs="*", default=None, help="ops to tune (default: all)")

@@ -26,8 +26,14 @@ from .utils import patch
 
 # %% ../nbs/00_config.ipynb #40743334
 KV_CACHE_DTYPES = {"auto": None, "fp8": "float8_e4m3fn"}  # name -> torch dtype (auto: the model's dtype)
+
+# %% ../nbs/00_config.ipynb #6ddf2a98
 DTYPES = ("auto", "float32", "fp32", "float", "float16", "fp16", "half", "bfloat16", "bf16")
+
+# %% ../nbs/00_config.ipynb #355f5070
 QUANTIZATION_METHODS = ("int8", "fp8", "compressed-tensors", "awq", "gptq")  # the layers' QUANT_SCHEMES
+
+# %% ../nbs/00_config.ipynb #423f411a
 ROUTING_POLICIES = ("round_robin", "least_loaded")  # data parallel: which replica takes a request
 
 
@@ -37,11 +43,13 @@ def _check(ok: bool, msg: str):
         raise ValueError(msg)
 
 
+# %% ../nbs/00_config.ipynb #9eac2bc8
 def _at_least(name: str, v, lo: int = 1, none_ok: bool = True):
     "`v` an int >= `lo` (or None when `none_ok`)."
     _check((v is None and none_ok) or (isinstance(v, int) and v >= lo), f"{name} must be an integer >= {lo}, got {v!r}")
 
 
+# %% ../nbs/00_config.ipynb #03570df6
 def _one_of(name: str, v, allowed, verb: str = "unknown"):
     _check(v in allowed, f"{verb} {name} '{v}'; use {' or '.join(allowed)}")
 
@@ -56,6 +64,7 @@ def _check_dtype(dtype):
         _check(isinstance(dtype, torch.dtype), f"dtype must be a name or a torch.dtype, got {dtype!r}")
 
 
+# %% ../nbs/00_config.ipynb #bc668834
 def _check_quantization(q):
     if isinstance(q, str):
         _check(
@@ -164,6 +173,7 @@ class ParallelConfig:
 _CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig)
 
 
+# %% ../nbs/00_config.ipynb #d288834c
 @dataclass
 class EngineArgs(ParallelConfig, SchedulerConfig, CacheConfig, ModelConfig):
     "Every engine option, flat: `create_engine_configs()` groups them, `add_cli_args` makes them flags."
@@ -213,11 +223,17 @@ CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the fi
     "data_parallel_size": ("--data-parallel-size", "N engine replicas in their own processes behind a router"),
     "routing": ("--routing", "data parallel: which replica takes a request"),
 }
+
+# %% ../nbs/00_config.ipynb #8c80960b
 _CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES, "routing": ROUTING_POLICIES}
+
+# %% ../nbs/00_config.ipynb #417cb0e6
 _TYPES = {"max_model_len": int, "block_size": int, "num_kv_blocks": int, "kv_cache_memory": int, "max_num_seqs": int}
 _TYPES.update(
     max_num_batched_tokens=int, gpu_memory_utilization=float, tensor_parallel_size=int, data_parallel_size=int
 )
+
+# %% ../nbs/00_config.ipynb #c36d3505
 _SWITCHES = {
     "enforce_eager": True,
     "enable_prefix_caching": False,

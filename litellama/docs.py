@@ -35,6 +35,8 @@ SECTIONS = [
     ("Vision", ["nbs/28_*", "nbs/29_*", "nbs/30_*"]),
     ("Benchmarks", ["benchmarks_nb/*"]),
 ]
+
+# %% ../nbs/19_docs.ipynb #eec3a17d
 FOLDERS = {"nbs": "", "kernels_nb": "kernels-", "benchmarks_nb": "benchmarks-"}
 
 
@@ -145,6 +147,7 @@ body{margin:0}
 </style>"""
 
 
+# %% ../nbs/19_docs.ipynb #9f483093
 def _title(nb, rel) -> tuple:
     "Title and description from the notebook's frontmatter (raw cell or first heading)."
     title = desc = ""
@@ -158,6 +161,7 @@ def _title(nb, rel) -> tuple:
     return title or Path(rel).stem, desc
 
 
+# %% ../nbs/19_docs.ipynb #fb1467ab
 def _clean(nb):
     "Plain nbformat: no raw frontmatter, no widget outputs, no metadata nbconvert does not know."
     import nbformat
@@ -188,9 +192,11 @@ def _sidebar(plan, titles, current) -> str:
     return "".join(out) + "</nav>"
 
 
+# %% ../nbs/19_docs.ipynb #dcd1ba21
 _REPO = "https://github.com/litellama/litellama/blob/main/"
 
 
+# %% ../nbs/19_docs.ipynb #62901f1d
 def _fix_links(body: str, rel: str, pages: set) -> str:
     "Notebook links become page links; links into the repository (results, files) point at GitHub."
     here = Path(rel).parent

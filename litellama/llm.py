@@ -37,6 +37,7 @@ class CompletionOutput:
     logprobs: list | None = None
 
 
+# %% ../nbs/14_llm.ipynb #461ea1ee
 @dataclass
 class RequestOutput:
     "A prompt and its `n` completions."

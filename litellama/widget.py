@@ -37,6 +37,7 @@ def _inline(s: str) -> str:
 _LIST = re.compile(r"^\s*(?:([-*+])|(\d+)[.)])\s+(.*)$")
 
 
+# %% ../nbs/17_widget.ipynb #59fea5f9
 def _close_block(out: list, para: list, items: list, kind):
     "Append the open paragraph and list (if any) to `out`, as HTML."
     if para:
@@ -45,6 +46,7 @@ def _close_block(out: list, para: list, items: list, kind):
         out.append(f"<{kind}>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + f"</{kind}>")
 
 
+# %% ../nbs/17_widget.ipynb #4f425161
 def _code_block(lines: list, i: int) -> tuple:
     "The fenced block that opens at `lines[i]`: `(its HTML, the index of its closing fence)`."
     code, i = [], i + 1
@@ -106,6 +108,7 @@ def _ipywidgets():
     return ipywidgets
 
 
+# %% ../nbs/17_widget.ipynb #7aecacfe
 _CSS = """<style>
 .ll-chat{font-family:system-ui,sans-serif;font-size:14px;max-height:460px;overflow-y:auto;padding:4px}
 .ll-msg{margin:6px 0;padding:8px 12px;border-radius:10px;max-width:88%;line-height:1.45;word-wrap:break-word}
@@ -124,6 +127,7 @@ _engine_locks = weakref.WeakKeyDictionary()
 _locks_guard = threading.Lock()
 
 
+# %% ../nbs/17_widget.ipynb #2fe6c1e7
 def _engine_lock(engine) -> threading.Lock:
     "The one lock that guards `engine` against being stepped from two threads."
     with _locks_guard:
@@ -245,6 +249,7 @@ def _conversation(self) -> list:
     ]
 
 
+# %% ../nbs/17_widget.ipynb #433c6d6b
 def send(self, text: str | None = None) -> bool:
     "Send `text` (default: the input box) and start streaming the answer; False if empty or busy."
     text = (self.input.value if text is None else text).strip()
@@ -266,11 +271,13 @@ def send(self, text: str | None = None) -> bool:
     return True
 
 
+# %% ../nbs/17_widget.ipynb #37a773cb
 @property
 def busy(self) -> bool:
     return self._thread is not None and self._thread.is_alive()
 
 
+# %% ../nbs/17_widget.ipynb #8a5c7641
 def _set_busy(self, busy: bool):
     self.send_button.disabled, self.stop_button.disabled = busy, not busy
     self.status.value = "<i>generating&hellip;</i>" if busy else self.status.value
@@ -339,6 +346,7 @@ def stop(self):
     self._stop.set()
 
 
+# %% ../nbs/17_widget.ipynb #c41513d8
 def wait(self, timeout: float | None = None) -> bool:
     "Block until the current generation ends; True if it has."
     if self._thread is not None:
@@ -346,6 +354,7 @@ def wait(self, timeout: float | None = None) -> bool:
     return not self.busy
 
 
+# %% ../nbs/17_widget.ipynb #c89796d5
 def clear(self):
     "Stop any generation and forget the conversation."
     self.stop()
@@ -370,6 +379,7 @@ def _thumbnail(img, size: int = 160) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+# %% ../nbs/17_widget.ipynb #63071947
 def attach_image(self, image):
     "Attach an image (PIL image, bytes or data URL) to the next message; a bad one is reported in the status line."
     from litellama.multimodal import load_image
@@ -383,6 +393,7 @@ def attach_image(self, image):
     return True
 
 
+# %% ../nbs/17_widget.ipynb #1415513c
 def _on_upload(self):
     "The upload button's files, attached to the next message."
     for f in self.upload.value:
