@@ -251,7 +251,10 @@ def add_cli_args(cls: EngineArgs, parser, only=None):
         if name in _SWITCHES:
             parser.add_argument(flag, dest=name, action="store_const", const=_SWITCHES[name], default=None, help=help)
         else:
-            parser.add_argument(flag, dest=name, type=_TYPES.get(name), choices=_CHOICES.get(name), help=help)
+            metavar = None if name in _CHOICES else flag[2:].upper().replace("-", "_")
+            parser.add_argument(
+                flag, dest=name, type=_TYPES.get(name), choices=_CHOICES.get(name), metavar=metavar, help=help
+            )
     return parser
 
 
