@@ -10,9 +10,30 @@ __all__ = []
 # %% ../nbs/01_api.ipynb #5506874e
 __version__ = "0.1.0"
 
-# %% ../nbs/01_api.ipynb #99d0afb7
-from .async_engine import AsyncLLMEngine
-from .engine import ContinuousBatchingEngine, StepOutput
-from .kernels.registry import explain_selection
-from .llm import LLM, CompletionOutput, RequestOutput, TextGenerator
-from .sampling import SamplingParams
+# %% ../nbs/01_api.ipynb #0e0be5c5
+_PUBLIC = {  # name -> the module that defines it
+    "SamplingParams": "litellama.sampling",
+    "EngineArgs": "litellama.config",
+    "ModelConfig": "litellama.config",
+    "CacheConfig": "litellama.config",
+    "SchedulerConfig": "litellama.config",
+    "ParallelConfig": "litellama.config",
+    "ContinuousBatchingEngine": "litellama.engine",
+    "StepOutput": "litellama.engine",
+    "LLM": "litellama.llm",
+    "TextGenerator": "litellama.llm",
+    "RequestOutput": "litellama.llm",
+    "CompletionOutput": "litellama.llm",
+    "AsyncLLMEngine": "litellama.async_engine",
+    "explain_selection": "litellama.kernels.registry",
+}
+
+
+# %% ../nbs/01_api.ipynb #8e1fe20e
+def __getattr__(name: str):
+    "`litellama.LLM` and the other public names, imported on first use."
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'litellama' has no attribute '{name}'")
+    import importlib
+
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

@@ -1,4 +1,4 @@
-"""`litellama generate | chat | batch | demo | serve | bench | tune | make-random-checkpoint`: the engine from a terminal, with one clear line for every mistake.
+"""`litellama` and its subcommands: the engine from a terminal, with one clear line for every mistake.
 
 Docs: https://litellama.github.io/litellama/nbs/cli.html.md"""
 
@@ -6,7 +6,6 @@ Docs: https://litellama.github.io/litellama/nbs/cli.html.md"""
 
 # %% auto #0
 __all__ = [
-    "KV_CACHE_DTYPES",
     "DEMO_PROMPTS",
     "QUANTIZERS",
     "QUANTIZE_OPTIONS",
@@ -33,70 +32,25 @@ import sys
 import time
 from pathlib import Path
 
+from .config import KV_CACHE_DTYPES as KV_CACHE_DTYPES  # re-exported: the CLI's choices
+from .config import EngineArgs
+
+
 # %% ../nbs/16_cli.ipynb #80b0968d
-KV_CACHE_DTYPES = ("auto", "fp8")  # the engine's `kv_cache_dtype` choices, without importing torch to parse arguments
-
-
 def _engine_args(p):
-    p.add_argument(
-        "--model-dir",
-        default=None,
-        help="HF checkpoint directory (default: $LITELLAMA_MODEL_DIR, else the bundled SmolLM2)",
-    )
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs: every step runs eagerly")
-    p.add_argument(
-        "--no-overlap", action="store_true", help="read each step back before scheduling the next (no overlapped steps)"
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        choices=KV_CACHE_DTYPES,
-        default="auto",
-        help="fp8: half the cache bytes of bf16 (default: the model's dtype)",
-    )
-    p.add_argument(
-        "--quantization",
-        default=None,
-        help="quantize a 16-bit checkpoint as it loads (a quantized checkpoint needs none)",
-    )
-    p.add_argument(
-        "--tensor-parallel-size", type=int, default=1, help="split every layer over N ranks (GPUs, or CPU processes)"
-    )
-    p.add_argument(
-        "--data-parallel-size", type=int, default=1, help="N engine replicas in their own processes behind a router"
-    )
+    "The engine's flags on subcommand parser `p`."
+    EngineArgs.add_cli_args(p)
 
 
+# %% ../nbs/16_cli.ipynb #8701cf80
 def _engine_options(a) -> dict:
-    opts = {
-        k: getattr(a, k)
-        for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len")
-        if getattr(a, k) is not None
-    }
-    if a.no_prefix_caching:
-        opts["enable_prefix_caching"] = False
-    if a.enforce_eager:
-        opts["enforce_eager"] = True
-    if a.no_overlap:
-        opts["async_scheduling"] = False
-    if a.kv_cache_dtype != "auto":
-        opts["kv_cache_dtype"] = a.kv_cache_dtype
-    if a.quantization:
-        opts["quantization"] = a.quantization
-    if getattr(a, "tensor_parallel_size", 1) != 1:
-        opts["tensor_parallel_size"] = a.tensor_parallel_size
-    if getattr(a, "data_parallel_size", 1) != 1:
-        opts["data_parallel_size"] = a.data_parallel_size
+    "The engine options given on the command line, as keyword arguments (all but `--model-dir`), checked."
+    opts = EngineArgs.from_cli_args(a).to_kwargs()
+    opts.pop("model", None)
     return opts
 
 
+# %% ../nbs/16_cli.ipynb #877ca686
 def _sampling_args(p, max_tokens=256):
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -105,6 +59,7 @@ def _sampling_args(p, max_tokens=256):
     p.add_argument("--seed", type=int, default=None)
 
 
+# %% ../nbs/16_cli.ipynb #18a79ded
 def _params(a, **kw):
     from litellama.sampling import SamplingParams
 
@@ -113,10 +68,11 @@ def _params(a, **kw):
     )
 
 
+# %% ../nbs/16_cli.ipynb #b76fa889
 def _llm(a):
     from litellama.llm import LLM
 
-    return LLM(a.model_dir, dtype=a.dtype, device=a.device, **_engine_options(a))
+    return LLM(a.model, **_engine_options(a))
 
 
 # %% ../nbs/16_cli.ipynb #16d90a73
@@ -133,10 +89,27 @@ def cmd_generate(a):
             print(c.text)
 
 
+# %% ../nbs/16_cli.ipynb #85af2c97
+def _stream_reply(eng, prompt, params) -> str:
+    "Print a reply's text as it comes; Ctrl-C stops it. Returns what was printed."
+    rid, reply = eng.add_request(prompt, params), []
+    try:
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                print(o.delta, end="", flush=True)
+                reply.append(o.delta)
+    except KeyboardInterrupt:
+        eng.abort_request(rid)
+        while eng.has_unfinished_requests():
+            eng.step()
+    print()
+    return "".join(reply)
+
+
+# %% ../nbs/16_cli.ipynb #2b93647a
 def cmd_chat(a):
     "Interactive chat through the chat template, tokens streamed as they come."
     llm = _llm(a)
-    eng = llm.engine
     history = [{"role": "system", "content": a.system}] if a.system else []
     print(f"litellama chat — {llm.model_dir} (empty line or Ctrl-D to quit)")
     while True:
@@ -147,19 +120,8 @@ def cmd_chat(a):
         if not user:
             break
         history.append({"role": "user", "content": user})
-        rid = eng.add_request(llm.apply_chat_template(history), _params(a))
-        reply = []
-        try:
-            while eng.has_unfinished_requests():
-                for o in eng.step():
-                    print(o.delta, end="", flush=True)
-                    reply.append(o.delta)
-        except KeyboardInterrupt:
-            eng.abort_request(rid)
-            while eng.has_unfinished_requests():
-                eng.step()
-        print()
-        history.append({"role": "assistant", "content": "".join(reply)})
+        reply = _stream_reply(llm.engine, llm.apply_chat_template(history), _params(a))
+        history.append({"role": "assistant", "content": reply})
 
 
 # %% ../nbs/16_cli.ipynb #66b23f1c
@@ -173,6 +135,24 @@ DEMO_PROMPTS = [
 ]
 
 
+# %% ../nbs/16_cli.ipynb #016ba956
+def _batch_rows(prompts, info: dict, t0: float) -> list:
+    "One row of figures per request."
+    return [
+        dict(
+            request=i,
+            prompt=p if isinstance(p, str) else f"<{len(p)} ids>",
+            tokens=r["tokens"],
+            ttft_s=r["first"] - t0,
+            tpot_s=(r["last"] - r["first"]) / max(r["tokens"] - 1, 1),
+            finish_reason=r["finish_reason"],
+            text=r["text"],
+        )
+        for i, (p, r) in enumerate(zip(prompts, info.values(), strict=True))
+    ]
+
+
+# %% ../nbs/16_cli.ipynb #297dc531
 def run_batch(engine, prompts, params):
     "Run `prompts` through `engine` at once; per-request TTFT, TPOT and tokens, plus the wall time."
     t0 = time.perf_counter()
@@ -188,35 +168,45 @@ def run_batch(engine, prompts, params):
             r["last"], r["tokens"], r["text"] = now, r["tokens"] + len(o.token_ids), r["text"] + o.delta
             if o.finished:
                 r["finish_reason"] = o.finish_reason
-    wall = time.perf_counter() - t0
-    rows = [
-        dict(
-            request=i,
-            prompt=p if isinstance(p, str) else f"<{len(p)} ids>",
-            tokens=r["tokens"],
-            ttft_s=r["first"] - t0,
-            tpot_s=(r["last"] - r["first"]) / max(r["tokens"] - 1, 1),
-            finish_reason=r["finish_reason"],
-            text=r["text"],
+    return _batch_rows(prompts, info, t0), time.perf_counter() - t0
+
+
+# %% ../nbs/16_cli.ipynb #7722d235
+def _read_prompts(path) -> list:
+    "A prompt file: one prompt per line, or a JSON list; none: the demo prompts."
+    if not path:
+        return DEMO_PROMPTS
+    f = Path(path)
+    if not f.exists():
+        raise FileNotFoundError(f"prompts file not found: {f}")
+    text = f.read_text()
+    return json.loads(text) if text.lstrip().startswith("[") else [ln for ln in text.splitlines() if ln.strip()]
+
+
+# %% ../nbs/16_cli.ipynb #c3964983
+def _print_batch(rows, wall, stats, show_stats: bool):
+    for r in rows:
+        print(f"[{r['request']}] {r['text'].strip()[:200]!r}")
+        if show_stats:
+            ms = f"ttft={r['ttft_s'] * 1e3:.0f} ms tpot={r['tpot_s'] * 1e3:.1f} ms"
+            print(f"    tokens={r['tokens']} {ms} finish={r['finish_reason']}")
+    total = sum(r["tokens"] for r in rows)
+    if show_stats:
+        s = stats
+        print(
+            f"{len(rows)} requests, {total} tokens in {wall:.2f} s: {total / wall:.1f} tok/s; "
+            f"prefix-cache hits {s.prefix_cache_hit_tokens} tokens; preemptions {s.num_preemptions}; "
+            f"chunked prefills {s.num_chunked_prefills}; steps {s.num_steps}"
         )
-        for i, (p, r) in enumerate(zip(prompts, info.values()))
-    ]
-    return rows, wall
 
 
+# %% ../nbs/16_cli.ipynb #1dbbca99
 def cmd_batch(a):
     "Run a prompt file (one prompt per line, or a JSON list) through the scheduler and report the figures."
     from litellama.engine import ContinuousBatchingEngine
 
-    if a.prompts:
-        f = Path(a.prompts)
-        if not f.exists():
-            raise FileNotFoundError(f"prompts file not found: {f}")
-        text = f.read_text()
-        prompts = json.loads(text) if text.lstrip().startswith("[") else [l for l in text.splitlines() if l.strip()]
-    else:
-        prompts = DEMO_PROMPTS
-    eng = ContinuousBatchingEngine.from_pretrained(a.model_dir, dtype=a.dtype, device=a.device, **_engine_options(a))
+    prompts = _read_prompts(a.prompts)
+    eng = ContinuousBatchingEngine.from_pretrained(a.model, **_engine_options(a))
     chat = eng.tokenizer is not None and getattr(eng.tokenizer, "chat_template", None) and not a.raw
     prompts = [
         eng.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
@@ -225,20 +215,7 @@ def cmd_batch(a):
         for p in prompts
     ]
     rows, wall = run_batch(eng, prompts, _params(a))
-    for r in rows:
-        print(f"[{r['request']}] {r['text'].strip()[:200]!r}")
-        if a.show_stats:
-            print(
-                f"    tokens={r['tokens']} ttft={r['ttft_s'] * 1e3:.0f} ms tpot={r['tpot_s'] * 1e3:.1f} ms finish={r['finish_reason']}"
-            )
-    total = sum(r["tokens"] for r in rows)
-    if a.show_stats:
-        s = eng.stats
-        print(
-            f"{len(rows)} requests, {total} tokens in {wall:.2f} s: {total / wall:.1f} tok/s; "
-            f"prefix-cache hits {s.prefix_cache_hit_tokens} tokens; preemptions {s.num_preemptions}; "
-            f"chunked prefills {s.num_chunked_prefills}; steps {s.num_steps}"
-        )
+    _print_batch(rows, wall, eng.stats, a.show_stats)
 
 
 # %% ../nbs/16_cli.ipynb #447dd616
@@ -250,7 +227,7 @@ def cmd_demo(a):
     outs = llm.chat(
         [[{"role": "user", "content": p}] for p in DEMO_PROMPTS], SamplingParams(temperature=0, max_tokens=a.max_tokens)
     )
-    for p, o in zip(DEMO_PROMPTS, outs):
+    for p, o in zip(DEMO_PROMPTS, outs, strict=True):
         print(f"\n>>> {p}\n{o.outputs[0].text.strip()}")
     s = llm.last_stats
     print(
@@ -259,22 +236,22 @@ def cmd_demo(a):
     )
 
 
+# %% ../nbs/16_cli.ipynb #46307e6b
 def cmd_serve(a):
     from litellama.server import serve
 
     serve(
-        a.model_dir,
+        a.model,
         host=a.host,
         port=a.port,
         api_key=a.api_key,
         served_model_name=a.served_model_name,
         allowed_local_media_path=a.allowed_local_media_path,
-        dtype=a.dtype,
-        device=a.device,
         **_engine_options(a),
     )
 
 
+# %% ../nbs/16_cli.ipynb #b11d15f5
 def cmd_make_random_checkpoint(a):
     from litellama.checkpoints import make_random_checkpoint
     from litellama.loader import resolve_dtype
@@ -284,10 +261,12 @@ def cmd_make_random_checkpoint(a):
 
 # %% ../nbs/16_cli.ipynb #a8q3cli1
 QUANTIZERS = {  # `litellama quantize --method NAME`: "module:function(model_dir, out_dir, **options)", imported on use
-    "smoothquant": "litellama.smoothquant:quantize_smoothquant",  # W8A8 int8, written as compressed-tensors (21_smoothquant)
+    "smoothquant": "litellama.smoothquant:quantize_smoothquant",  # W8A8 int8 as compressed-tensors (21_smoothquant)
     "rtn": "litellama.awq_quantizer:quantize_rtn",  # 4-bit, written in AWQ's format (23_awq_quantizer)
     "awq": "litellama.awq_quantizer:quantize_awq",
 }
+
+# %% ../nbs/16_cli.ipynb #c04a5284
 QUANTIZE_OPTIONS = {
     "smoothquant": ("alpha", "calibration", "max_tokens", "device"),
     "rtn": ("bits", "group_size"),
@@ -295,6 +274,7 @@ QUANTIZE_OPTIONS = {
 }
 
 
+# %% ../nbs/16_cli.ipynb #51bb16a4
 def cmd_quantize(a):
     "Write a quantized checkpoint of `--model-dir` to `out_dir` with the offline method `--method`."
     import importlib
@@ -316,6 +296,7 @@ def cmd_quantize(a):
     print(res.get("out_dir", a.out_dir) if isinstance(res, dict) else res)
 
 
+# %% ../nbs/16_cli.ipynb #c16f0c99
 def add_quantize_parser(sub):
     q = sub.add_parser("quantize", help="write a quantized checkpoint (offline methods: " + ", ".join(QUANTIZERS) + ")")
     q.add_argument("out_dir")
@@ -334,18 +315,34 @@ def add_quantize_parser(sub):
     q.set_defaults(fn=cmd_quantize)
 
 
+# %% ../nbs/16_cli.ipynb #498443c3
+def _read_images(paths) -> list:
+    "The image files, decoded; a missing one is one error naming it."
+    from litellama.multimodal import decode_image
+
+    paths = [Path(p) for p in paths]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"image file not found: {', '.join(missing)}")
+    return [decode_image(p.read_bytes(), f"image file {p}") for p in paths]
+
+
+# %% ../nbs/16_cli.ipynb #949bba77
+def _echo(pieces):
+    "Print each piece as it comes, end with a newline, and pass them on."
+    for piece in pieces:
+        print(piece, end="", flush=True)
+        yield piece
+    print()
+
+
 # %% ../nbs/16_cli.ipynb #a23c0004
 def cmd_vl_chat(a):
     "Chat about images: with `--prompt`, one streamed answer; without, an interactive conversation about the images."
     from litellama.llm import VisionGenerator
-    from litellama.multimodal import decode_image
 
-    paths = [Path(p) for p in a.image]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"image file not found: {', '.join(missing)}")
-    images = [decode_image(p.read_bytes(), f"image file {p}") for p in paths]
-    vg = VisionGenerator(a.model_dir, dtype=a.dtype, device=a.device, **_engine_options(a))
+    images = _read_images(a.image)
+    vg = VisionGenerator(a.model, **_engine_options(a))
     history = [{"role": "system", "content": a.system}] if a.system else []
     first = [{"type": "image", "image": im} for im in images]
 
@@ -369,36 +366,20 @@ def cmd_vl_chat(a):
         ask(user)
 
 
-def _echo(pieces):
-    "Print each piece as it comes, end with a newline, and pass them on."
-    for piece in pieces:
-        print(piece, end="", flush=True)
-        yield piece
-    print()
-
-
-def _add_vl_chat(sub):
-    v = sub.add_parser("vl-chat", help="chat about images with a vision-language model (LLaVA-1.5, Qwen3-VL)")
-    _engine_args(v)
-    _sampling_args(v, 512)
-    v.add_argument("--image", action="append", required=True, help="an image file (repeat for several)")
-    v.add_argument("--prompt", default=None, help="one question, answered streamed (default: interactive)")
-    v.add_argument("--system", default=None)
-    v.set_defaults(fn=cmd_vl_chat)
-
-
 # %% ../nbs/16_cli.ipynb #2df7703c
 def cmd_bench(a):
     "Run a benchmark suite and save its results JSON."
     from litellama import bench
 
+    e = EngineArgs.from_cli_args(a)
     out = a.out or bench.RESULTS
     if a.suite == "cpu":
-        print(bench.save_results("cpu_vs_hf", bench.cpu_vs_hf(a.model_dir), out))
+        print(bench.save_results("cpu_vs_hf", bench.cpu_vs_hf(e.model), out))
     else:
-        bench.gpu_suite(out, like=a.like, parts=tuple(a.parts.split(",")), kv_cache_dtype=a.kv_cache_dtype)
+        bench.gpu_suite(out, like=a.like, parts=tuple(a.parts.split(",")), kv_cache_dtype=e.kv_cache_dtype)
 
 
+# %% ../nbs/16_cli.ipynb #1d3cea8e
 def cmd_tune(a):
     "Search kernel launch configurations on this GPU and save them to the autotune cache."
     from litellama.kernels.autotune import tune_cli
@@ -408,20 +389,27 @@ def cmd_tune(a):
         sys.exit(rc)
 
 
-def build_parser():
-    p = argparse.ArgumentParser(prog="litellama", description="A light, notebook-first LLM inference engine.")
-    sub = p.add_subparsers(dest="command", required=True)
+# %% ../nbs/16_cli.ipynb #3241353d
+def _add_generate(sub):
     g = sub.add_parser("generate", help="complete prompts")
     _engine_args(g)
     _sampling_args(g)
     g.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     g.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     g.set_defaults(fn=cmd_generate)
+
+
+# %% ../nbs/16_cli.ipynb #9f03f1f4
+def _add_chat(sub):
     c = sub.add_parser("chat", help="interactive chat")
     _engine_args(c)
     _sampling_args(c, 512)
     c.add_argument("--system", default=None)
     c.set_defaults(fn=cmd_chat)
+
+
+# %% ../nbs/16_cli.ipynb #77c5517c
+def _add_batch(sub):
     b = sub.add_parser("batch", help="run a prompt set through the scheduler")
     _engine_args(b)
     _sampling_args(b, 128)
@@ -429,10 +417,18 @@ def build_parser():
     b.add_argument("--show-stats", action="store_true")
     b.add_argument("--raw", action="store_true", help="no chat template")
     b.set_defaults(fn=cmd_batch)
+
+
+# %% ../nbs/16_cli.ipynb #dc975b4e
+def _add_demo(sub):
     d = sub.add_parser("demo", help="the bundled model answers a few questions")
     _engine_args(d)
     d.add_argument("--max-tokens", type=int, default=48)
     d.set_defaults(fn=cmd_demo)
+
+
+# %% ../nbs/16_cli.ipynb #707f34c4
+def _add_serve(sub):
     s = sub.add_parser("serve", help="OpenAI-compatible server")
     _engine_args(s)
     s.add_argument("--host", default="127.0.0.1")
@@ -443,28 +439,59 @@ def build_parser():
     s.add_argument(
         "--allowed-local-media-path", default=None, help="image_url parts may name local files under this directory"
     )
-    _add_vl_chat(sub)
+
+
+# %% ../nbs/16_cli.ipynb #682658fc
+def _add_vl_chat(sub):
+    v = sub.add_parser("vl-chat", help="chat about images with a vision-language model (LLaVA-1.5, Qwen3-VL)")
+    _engine_args(v)
+    _sampling_args(v, 512)
+    v.add_argument("--image", action="append", required=True, help="an image file (repeat for several)")
+    v.add_argument("--prompt", default=None, help="one question, answered streamed (default: interactive)")
+    v.add_argument("--system", default=None)
+    v.set_defaults(fn=cmd_vl_chat)
+
+
+# %% ../nbs/16_cli.ipynb #2bf27c89
+def _add_bench(sub):
     bn = sub.add_parser("bench", help="benchmarks vs HF transformers, results saved as JSON")
     bn.add_argument("--suite", choices=["cpu", "gpu"], default="cpu")
-    bn.add_argument("--model-dir", default=None)
+    EngineArgs.add_cli_args(bn, only=("model", "kv_cache_dtype"))
     bn.add_argument("--like", default="qwen3-0.6b")
     bn.add_argument("--parts", default="kernels,w1,w3,w2")
     bn.add_argument("--out", default=None)
-    bn.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     bn.set_defaults(fn=cmd_bench)
+
+
+# %% ../nbs/16_cli.ipynb #c605360a
+def _add_tune(sub):
     t = sub.add_parser("tune", help="autotune the Triton kernels for this GPU (saved under the cache directory)")
     t.add_argument("--ops", nargs="*", default=None, help="ops to tune (default: all)")
     t.add_argument("--quick", action="store_true")
     t.set_defaults(fn=cmd_tune)
+
+
+# %% ../nbs/16_cli.ipynb #91ee07b3
+def _add_make_random_checkpoint(sub):
     m = sub.add_parser("make-random-checkpoint", help="write a randomly initialised checkpoint of a real shape")
     m.add_argument("--like", required=True)
     m.add_argument("out_dir")
     m.add_argument("--dtype", default="bf16")
     m.set_defaults(fn=cmd_make_random_checkpoint)
+
+
+# %% ../nbs/16_cli.ipynb #954c7aaa
+def build_parser():
+    p = argparse.ArgumentParser(prog="litellama", description="A light, notebook-first LLM inference engine.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_generate, _add_chat, _add_batch, _add_demo, _add_serve, _add_vl_chat, _add_bench, _add_tune):
+        add(sub)
+    _add_make_random_checkpoint(sub)
     add_quantize_parser(sub)
     return p
 
 
+# %% ../nbs/16_cli.ipynb #9c67f5d5
 def main(argv=None):
     a = build_parser().parse_args(argv)
     import logging

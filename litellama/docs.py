@@ -1,4 +1,4 @@
-"""`build_docs()`: every notebook of `nbs/`, `kernels_nb/` and `benchmarks_nb/`, executed and rendered to static HTML with a sidebar that follows the learning path — offline, without Quarto.
+"""`build_docs()`: every notebook executed and rendered to static HTML, offline, without Quarto.
 
 Docs: https://litellama.github.io/litellama/nbs/docs.html.md"""
 
@@ -23,6 +23,7 @@ from pathlib import Path
 # %% ../nbs/19_docs.ipynb #fb16b05c
 SECTIONS = [
     ("Start", ["nbs/index.ipynb"]),
+    ("Foundations", ["nbs/00_*"]),
     ("Models", ["nbs/01_*", "nbs/02_*", "nbs/03_*", "nbs/04_*", "nbs/04b_*", "nbs/05_*", "nbs/06_*"]),
     ("KV cache", ["nbs/08_*"]),
     ("Scheduler", ["nbs/09_*", "nbs/11_*", "nbs/12_*", "nbs/13_*"]),
@@ -31,18 +32,22 @@ SECTIONS = [
     ("Server", ["nbs/14_*", "nbs/15_*", "nbs/16_*", "nbs/17_*", "nbs/18_*", "nbs/19_*"]),
     ("Quantization", ["nbs/20_*", "nbs/21_*", "nbs/22_*", "nbs/23_*"]),
     ("Parallelism", ["nbs/24_*", "nbs/25_*", "nbs/26_*", "nbs/27_*"]),
-    ("Vision", ["nbs/28_*", "nbs/29_*"]),
+    ("Vision", ["nbs/28_*", "nbs/29_*", "nbs/30_*"]),
     ("Benchmarks", ["benchmarks_nb/*"]),
 ]
+
+# %% ../nbs/19_docs.ipynb #eec3a17d
 FOLDERS = {"nbs": "", "kernels_nb": "kernels-", "benchmarks_nb": "benchmarks-"}
 
 
+# %% ../nbs/19_docs.ipynb #953f6188
 def page_name(rel: str) -> str:
     "The HTML file of the notebook at `rel` (relative to the repository root); the site is flat."
     folder, name = rel.split("/", 1)
     return "index.html" if rel == "nbs/index.ipynb" else FOLDERS[folder] + Path(name).stem + ".html"
 
 
+# %% ../nbs/19_docs.ipynb #6a4986b2
 def site_plan(root) -> list:
     "[(section, [notebook paths relative to root])] in learning-path order; unmatched notebooks go under 'More'."
     nbs = sorted(str(p.relative_to(root)) for f in FOLDERS for p in (Path(root) / f).glob("*.ipynb"))
@@ -59,21 +64,55 @@ def site_plan(root) -> list:
     return plan
 
 
+# %% ../nbs/19_docs.ipynb #bdc3e2af
+def _run_notebook(nb, fn: Path, cell_timeout: int) -> list:
+    "Execute `nb` (read from `fn`) in place, as `nbdev-test` would; the first line of each cell that failed."
+    from execnb.shell import CaptureShell
+    from fastcore.xtras import working_directory
+    from nbdev.config import get_config
+    from nbdev.test import _skip_cell
+
+    flags = get_config(fn.parent).tst_flags
+    sh = CaptureShell(fn)
+    sh.run_cell("from nbdev.showdoc import show_doc")
+    with working_directory(fn.parent):
+        sh.run_all(
+            nb,
+            exc_stop=False,
+            preproc=_skip_cell(nb, flags.split() if isinstance(flags, str) else flags, None),
+            cell_timeout=cell_timeout,
+        )
+    return [
+        c.source.splitlines()[0][:60] if c.source else ""
+        for c in nb.cells
+        if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+    ]
+
+
+# %% ../nbs/19_docs.ipynb #19c73b97
+def _join_outputs(nb):
+    "execnb leaves multi-line text as lists; nbdev's processors want strings."
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            if isinstance(o.get("text"), list):
+                o["text"] = "".join(o["text"])
+            for k, v in o.get("data", {}).items():
+                if isinstance(v, list):
+                    o["data"][k] = "".join(v)
+
+
 # %% ../nbs/19_docs.ipynb #fdc974fd
 def _execute(src: str, dst: str, cell_timeout: int) -> tuple:
     "Worker: execute notebook `src`, apply nbdev's doc processors, write the result to `dst`; (src, seconds, errors)."
-    from execnb.shell import CaptureShell
     from fastcore.basics import str2bool
     from fastcore.nbio import read_nb, write_nb
     from fastcore.xtras import working_directory
-    from nbdev.config import get_config
     from nbdev.frontmatter import nb_frontmatter
     from nbdev.process import NBProcessor
     from nbdev.processors import FilterDefaults, add_show_docs
-    from nbdev.test import _skip_cell
 
     os.environ["IN_TEST"] = "1"
-    if "TRITON_INTERPRET" not in os.environ:  # no GPU: the Triton kernels run under the interpreter, as in `make test`
+    if "TRITON_INTERPRET" not in os.environ:
         import torch
 
         if not torch.cuda.is_available():
@@ -81,28 +120,8 @@ def _execute(src: str, dst: str, cell_timeout: int) -> tuple:
     t0, fn, errors = time.time(), Path(src), []
     nb = NBProcessor(fn, [add_show_docs], rm_directives=False, process=True).nb  # show_doc cells in place, run below
     if not str2bool(nb_frontmatter(nb).get("skip_exec", False)):
-        flags = get_config(fn.parent).tst_flags
-        sh = CaptureShell(fn)
-        sh.run_cell("from nbdev.showdoc import show_doc")
-        with working_directory(fn.parent):
-            sh.run_all(
-                nb,
-                exc_stop=False,
-                preproc=_skip_cell(nb, flags.split() if isinstance(flags, str) else flags, None),
-                cell_timeout=cell_timeout,
-            )
-        errors = [
-            c.source.splitlines()[0][:60] if c.source else ""
-            for c in nb.cells
-            if any(o.get("output_type") == "error" for o in c.get("outputs", []))
-        ]
-    for c in nb.cells:  # execnb leaves multi-line text as lists; nbdev's processors want strings
-        for o in c.get("outputs", []):
-            if isinstance(o.get("text"), list):
-                o["text"] = "".join(o["text"])
-            for k, v in o.get("data", {}).items():
-                if isinstance(v, list):
-                    o["data"][k] = "".join(v)
+        errors = _run_notebook(nb, fn, cell_timeout)
+    _join_outputs(nb)
     write_nb(nb, dst)
     nb = read_nb(dst)  # back to plain notebook cells for the processors
     procs = [p for p in FilterDefaults().procs() if p.__name__ not in ("add_show_docs", "exec_show_docs")]
@@ -115,17 +134,20 @@ def _execute(src: str, dst: str, cell_timeout: int) -> tuple:
 # %% ../nbs/19_docs.ipynb #581d3a4c
 _CSS = """<link rel="icon" href="data:,"><style>
 body{margin:0}
-.ll-sidebar{position:fixed;top:0;left:0;bottom:0;width:250px;overflow-y:auto;background:#f7f7f9;border-right:1px solid #e3e3e8;
- padding:16px 12px;font:14px/1.5 system-ui,sans-serif;box-sizing:border-box}
+.ll-sidebar{position:fixed;top:0;left:0;bottom:0;width:250px;overflow-y:auto;background:#f7f7f9;
+ border-right:1px solid #e3e3e8;padding:16px 12px;font:14px/1.5 system-ui,sans-serif;box-sizing:border-box}
 .ll-sidebar .ll-brand{font-weight:700;font-size:18px;margin-bottom:12px;display:block;color:#111;text-decoration:none}
 .ll-sidebar h4{margin:14px 0 4px;font-size:12px;text-transform:uppercase;letter-spacing:.06em;color:#6b7280}
 .ll-sidebar a.ll-link{display:block;padding:2px 8px;border-radius:6px;color:#1f2937;text-decoration:none}
-.ll-sidebar a.ll-link:hover{background:#e8e8ee}.ll-sidebar a.ll-current{background:#dbeafe;color:#1e3a8a;font-weight:600}
+.ll-sidebar a.ll-link:hover{background:#e8e8ee}
+.ll-sidebar a.ll-current{background:#dbeafe;color:#1e3a8a;font-weight:600}
 .ll-page{margin-left:250px}.ll-page main{max-width:1000px;margin:0 auto;padding:8px 24px}
-.ll-header{font-family:system-ui,sans-serif;padding-left:36px}.ll-header h1{margin-bottom:4px}.ll-header p{color:#4b5563;font-size:16px;margin-top:0}
+.ll-header{font-family:system-ui,sans-serif;padding-left:36px}.ll-header h1{margin-bottom:4px}
+.ll-header p{color:#4b5563;font-size:16px;margin-top:0}
 </style>"""
 
 
+# %% ../nbs/19_docs.ipynb #9f483093
 def _title(nb, rel) -> tuple:
     "Title and description from the notebook's frontmatter (raw cell or first heading)."
     title = desc = ""
@@ -139,6 +161,7 @@ def _title(nb, rel) -> tuple:
     return title or Path(rel).stem, desc
 
 
+# %% ../nbs/19_docs.ipynb #fb1467ab
 def _clean(nb):
     "Plain nbformat: no raw frontmatter, no widget outputs, no metadata nbconvert does not know."
     import nbformat
@@ -169,9 +192,11 @@ def _sidebar(plan, titles, current) -> str:
     return "".join(out) + "</nav>"
 
 
+# %% ../nbs/19_docs.ipynb #dcd1ba21
 _REPO = "https://github.com/litellama/litellama/blob/main/"
 
 
+# %% ../nbs/19_docs.ipynb #62901f1d
 def _fix_links(body: str, rel: str, pages: set) -> str:
     "Notebook links become page links; links into the repository (results, files) point at GitHub."
     here = Path(rel).parent
@@ -221,6 +246,36 @@ def render_page(nb, rel, plan, titles, pages) -> str:
     return body.replace("</body>", "</main></div></body>", 1)
 
 
+# %% ../nbs/19_docs.ipynb #a18c2290
+def _execute_all(root: Path, rels: list, tmp: Path, n_workers: int, cell_timeout: int) -> dict:
+    "Execute the notebooks `rels` into `tmp`, `n_workers` at a time, printing their times: {notebook: failed cells}."
+    from litellama.docs import _execute as execute  # spawned workers import it by name, even from this notebook
+
+    failed = {}
+    jobs = [(str(root / r), str(tmp / (page_name(r) + ".ipynb")), cell_timeout) for r in rels]
+    with ProcessPoolExecutor(n_workers, mp_context=get_context("spawn")) as pool:
+        for src, secs, errors in pool.map(execute, *zip(*jobs, strict=True)):
+            rel = str(Path(src).relative_to(root))
+            print(f"  {rel:<40} {secs:5.1f} s" + (f"  ({len(errors)} cell(s) failed)" if errors else ""), flush=True)
+            if errors:
+                failed[rel] = errors
+    return failed
+
+
+# %% ../nbs/19_docs.ipynb #140397b2
+def _write_site(out: Path, plan: list, nbs: dict):
+    "Render the executed notebooks `nbs` ({path: notebook}) into a fresh `out`."
+    titles = {r: _title(nb, r)[0] for r, nb in nbs.items()}
+    plan = [(s, [r for r in rs if r in nbs]) for s, rs in plan]
+    plan = [(s, rs) for s, rs in plan if rs]
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for r, nb in nbs.items():
+        (out / page_name(r)).write_text(render_page(nb, r, plan, titles, set(nbs)))
+    (out / ".nojekyll").touch()
+
+
 # %% ../nbs/19_docs.ipynb #ca8e52d6
 def build_docs(out="docs", root=None, n_workers: int = 2, cell_timeout: int = 300, file_glob: str = "*") -> Path:
     "Execute and render every notebook of nbs/, kernels_nb/ and benchmarks_nb/ into `out`; returns the output folder."
@@ -232,29 +287,10 @@ def build_docs(out="docs", root=None, n_workers: int = 2, cell_timeout: int = 30
     plan = site_plan(root)
     rels = [r for _, rs in plan for r in rs if fnmatch(Path(r).name, file_glob) or r == "nbs/index.ipynb"]
     tmp = Path(tempfile.mkdtemp(prefix="litellama-docs-"))
-    t0, failed = time.time(), {}
+    t0 = time.time()
     try:
-        from litellama.docs import _execute as execute  # spawned workers import it by name, even from this notebook
-
-        jobs = [(str(root / r), str(tmp / (page_name(r) + ".ipynb")), cell_timeout) for r in rels]
-        with ProcessPoolExecutor(n_workers, mp_context=get_context("spawn")) as pool:
-            for src, secs, errors in pool.map(execute, *zip(*jobs)):
-                rel = str(Path(src).relative_to(root))
-                print(
-                    f"  {rel:<40} {secs:5.1f} s" + (f"  ({len(errors)} cell(s) failed)" if errors else ""), flush=True
-                )
-                if errors:
-                    failed[rel] = errors
-        nbs = {r: nbformat.read(tmp / (page_name(r) + ".ipynb"), as_version=4) for r in rels}
-        titles = {r: _title(nb, r)[0] for r, nb in nbs.items()}
-        plan = [(s, [r for r in rs if r in nbs]) for s, rs in plan]
-        plan = [(s, rs) for s, rs in plan if rs]
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        for r, nb in nbs.items():
-            (out / page_name(r)).write_text(render_page(nb, r, plan, titles, set(nbs)))
-        (out / ".nojekyll").touch()
+        failed = _execute_all(root, rels, tmp, n_workers, cell_timeout)
+        _write_site(out, plan, {r: nbformat.read(tmp / (page_name(r) + ".ipynb"), as_version=4) for r in rels})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(

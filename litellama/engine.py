@@ -98,10 +98,14 @@ class Completion:
 # %% ../nbs/12_engine.ipynb #87db56f9
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}  # auto: the model's dtype
 
+# %% ../nbs/12_engine.ipynb #48eb16f1
+from .config import EngineArgs
+from .utils import patch
+
 
 # %% ../nbs/12_engine.ipynb #0d00101d
 class ContinuousBatchingEngine:
-    "Continuous batching over a paged KV cache: `add_request`, then `step()` until `has_unfinished_requests()` is False."
+    "Continuous batching over a paged KV cache: `add_request`, then `step()` while `has_unfinished_requests()`."
 
     def __init__(
         self,
@@ -126,100 +130,110 @@ class ContinuousBatchingEngine:
         kv_cache_dtype: str = "auto",
         executor=None,
     ):
-        if block_size < 1 or block_size & (block_size - 1):
-            raise ValueError("block_size must be a power of two")
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"unknown kv_cache_dtype '{kv_cache_dtype}'; use {' or '.join(KV_CACHE_DTYPES)}")
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = 16384 if torch.device(device).type == "cuda" else 8192
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        opts = {k: v for k, v in locals().items() if k in EngineArgs.__dataclass_fields__ and k != "model"}
+        configs = EngineArgs(**opts, model=model_dir).create_engine_configs()  # each option checked here, once
+        self.model_config, self.cache_config, self.scheduler_config, self.parallel_config = configs
         self.model, self.config, self.tokenizer, self.model_dir = model, config, tokenizer, model_dir
         self.device, self.dtype = torch.device(device), dtype
         self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-        self.executor = executor  # tensor parallelism: ranks own the model; it stands in for the runner
-        self.runner = executor or ModelRunner(
-            model,
-            config,
-            block_size,
-            num_kv_blocks,
-            self.device,
-            dtype,
-            max_num_batched_tokens,
-            kv_cache_memory,
-            gpu_memory_utilization,
-            KV_CACHE_DTYPES[kv_cache_dtype],
-        )
-        log.log(
-            logging.INFO if self.device.type == "cuda" else logging.DEBUG,
-            f"KV cache: {self.runner.num_blocks} blocks of {block_size} tokens = {self.runner.capacity_tokens} tokens "
-            f"({self.runner.kv_cache.nbytes / 2**30:.2f} GiB, {self.runner.kv_cache.dtype}) on {self.device}",
-        )
-        if self.device.type == "cuda" and not enforce_eager:
-            self.runner.capture_cuda_graphs(max_num_seqs, self.max_model_len)
+        self._init_executor(executor)
         self.block_manager = BlockManager(self.runner.num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.eos_ids = self._eos_ids()
-        self._eos_set = frozenset(self.eos_ids)
-        self.requests, self.by_seq, self._pending, self._in_flight, self._grammars = {}, {}, [], None, None
-        self._seq_ids, self._rng, self.num_steps = itertools.count(), random.Random(seed), 0
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, self.scheduler_config.max_num_batched_tokens)
+        self._init_requests(seed)
         self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
         if executor is not None:
             self.async_scheduling = False  # steps across processes are not overlapped yet
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        path=None,
-        dtype="auto",
-        device="auto",
-        quantization=None,
-        tensor_parallel_size: int = 1,
-        data_parallel_size: int = 1,
-        **engine_options,
-    ):
-        """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
-        scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
-        `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard; with `data_parallel_size` N > 1
-        this returns a `DataParallelEngine` of N replicas."""
-        from transformers import AutoTokenizer
 
-        if data_parallel_size != 1:  # N replicas in their own processes, behind a router, with this interface
-            from litellama.data_parallel import DataParallelEngine
+# %% ../nbs/12_engine.ipynb #48669215
+@patch
+def _init_executor(self: ContinuousBatchingEngine, executor):
+    "The model runner (or the tensor-parallel `executor` in its place), its KV cache logged, CUDA graphs captured."
+    mc, cc, sc = self.model_config, self.cache_config, self.scheduler_config
+    self.executor = executor  # tensor parallelism: ranks own the model; it stands in for the runner
+    self.runner = executor or ModelRunner(
+        self.model,
+        self.config,
+        cc.block_size,
+        cc.num_kv_blocks,
+        self.device,
+        self.dtype,
+        sc.max_num_batched_tokens,
+        cc.kv_cache_memory,
+        cc.gpu_memory_utilization,
+        cc.torch_kv_dtype(),
+    )
+    log.log(
+        logging.INFO if self.device.type == "cuda" else logging.DEBUG,
+        f"KV cache: {self.runner.num_blocks} blocks of {cc.block_size} tokens = {self.runner.capacity_tokens} tokens "
+        f"({self.runner.kv_cache.nbytes / 2**30:.2f} GiB, {self.runner.kv_cache.dtype}) on {self.device}",
+    )
+    if self.device.type == "cuda" and not mc.enforce_eager:
+        self.runner.capture_cuda_graphs(sc.max_num_seqs, self.max_model_len)
 
-            return DataParallelEngine(
-                path,
-                data_parallel_size,
-                dtype=dtype,
-                device=device,
-                quantization=quantization,
-                tensor_parallel_size=tensor_parallel_size,
-                **engine_options,
-            )
-        model_dir = resolve_model_dir(path)
-        device = resolve_device(device)
-        if tensor_parallel_size != 1:
-            from litellama.executor import engine_options_for_tp
 
-            model, config, engine_options = engine_options_for_tp(
-                model_dir, tensor_parallel_size, dtype, device, engine_options, quantization
-            )
-        else:
-            model, config = load_model(model_dir, dtype, device, quantization)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        except Exception:
-            tokenizer = None
-        return cls(
-            model, config, tokenizer, model_dir, device=device, dtype=resolve_dtype(dtype, device), **engine_options
+# %% ../nbs/12_engine.ipynb #fcca0db1
+@patch(cls_method=True)
+def from_pretrained(
+    cls: ContinuousBatchingEngine,
+    path=None,
+    dtype="auto",
+    device="auto",
+    quantization=None,
+    tensor_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    **engine_options,
+):
+    """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
+    scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
+    `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard; with `data_parallel_size` N > 1
+    this returns a `DataParallelEngine` of N replicas."""
+    from transformers import AutoTokenizer
+
+    kw = dict(dtype=dtype, device=device, quantization=quantization, tensor_parallel_size=tensor_parallel_size)
+    known = {k: v for k, v in engine_options.items() if k in EngineArgs.__dataclass_fields__}
+    EngineArgs(model=path, data_parallel_size=data_parallel_size, **kw, **known)  # every option checked, before loading
+    if data_parallel_size != 1:  # N replicas in their own processes, behind a router, with this interface
+        from litellama.data_parallel import DataParallelEngine
+
+        return DataParallelEngine(path, data_parallel_size, **kw, **engine_options)
+    engine_options.pop("routing", None)  # one engine: no router
+    model_dir = resolve_model_dir(path)
+    device = resolve_device(device)
+    if tensor_parallel_size != 1:
+        from litellama.executor import engine_options_for_tp
+
+        model, config, engine_options = engine_options_for_tp(
+            model_dir, tensor_parallel_size, dtype, device, engine_options, quantization
         )
+    else:
+        model, config = load_model(model_dir, dtype, device, quantization)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception:
+        tokenizer = None
+    eng = cls(model, config, tokenizer, model_dir, device=device, dtype=resolve_dtype(dtype, device), **engine_options)
+    eng.model_config.quantization, eng.parallel_config.tensor_parallel_size = quantization, tensor_parallel_size
+    return eng
 
-    def _eos_ids(self) -> list:
-        ids = self.config.eos_token_id
-        ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return sorted(ids)
+
+# %% ../nbs/12_engine.ipynb #81460a4e
+@patch
+def _eos_ids(self: ContinuousBatchingEngine) -> list:
+    ids = self.config.eos_token_id
+    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
+    if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+        ids.add(self.tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+# %% ../nbs/12_engine.ipynb #b150e818
+@patch
+def _init_requests(self: ContinuousBatchingEngine, seed: int):
+    self.eos_ids = self._eos_ids()
+    self._eos_set = frozenset(self.eos_ids)
+    self.requests, self.by_seq, self._pending, self._in_flight, self._grammars = {}, {}, [], None, None
+    self._seq_ids, self._rng, self.num_steps = itertools.count(), random.Random(seed), 0
 
 
 # %% ../nbs/12_engine.ipynb #254da86a

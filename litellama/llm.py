@@ -1,4 +1,4 @@
-"""Prompts in, completions out: `LLM.generate` and `LLM.chat` drive the continuous-batching engine to the end with a progress bar; `TextGenerator` is the plain strings-in, strings-out facade.
+"""Prompts in, completions out: `LLM.generate` and `LLM.chat` drive the engine to the end, with a progress bar.
 
 Docs: https://litellama.github.io/litellama/nbs/llm.html.md"""
 
@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from .engine import ContinuousBatchingEngine
 from .multimodal import chat_images
 from .sampling import SamplingParams
+from .utils import patch
 
 
 # %% ../nbs/14_llm.ipynb #a23f0002
@@ -36,6 +37,7 @@ class CompletionOutput:
     logprobs: list | None = None
 
 
+# %% ../nbs/14_llm.ipynb #461ea1ee
 @dataclass
 class RequestOutput:
     "A prompt and its `n` completions."
@@ -54,68 +56,105 @@ class LLM:
         self.engine = ContinuousBatchingEngine.from_pretrained(model, dtype=dtype, device=device, **engine_options)
         self.model_dir, self.tokenizer = self.engine.model_dir, self.engine.tokenizer
 
-    def generate(self, prompts, params: SamplingParams | list | None = None, use_tqdm: bool = True) -> list:
-        "Complete each prompt (a string or a list of token ids); one `SamplingParams` for all, or one per prompt."
-        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        params = params or SamplingParams()
-        plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-        ids = [p if isinstance(p, dict) else self.engine.tokenize(p) for p in prompts]
-        rids = [self.engine.add_request(t, sp, stream=False) for t, sp in zip(ids, plist)]  # text once, at the end
-        seq = lambda r: self.engine.requests[r][0].seq  # a dict prompt's ids are known once its images are expanded
-        ids = [seq(r).token_ids[: seq(r).num_prompt_tokens] if isinstance(t, dict) else t for r, t in zip(rids, ids)]
-        results = {
-            rid: RequestOutput(rid, p, t, [CompletionOutput(i) for i in range(sp.n)])
-            for rid, p, t, sp in zip(rids, prompts, ids, plist)
-        }
-        bar = tqdm(total=len(rids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
-        t0, ntok = time.perf_counter(), 0
-        try:
-            while self.engine.has_unfinished_requests():
-                for o in self.engine.step():
-                    c = results[o.request_id].outputs[o.index]
-                    c.token_ids += o.token_ids
-                    ntok += len(o.token_ids)
-                    if o.logprobs:
-                        c.logprobs = (c.logprobs or []) + o.logprobs
-                    if o.finished:
-                        c.text, c.finish_reason = o.text, o.finish_reason
-                        if all(x.finish_reason for x in results[o.request_id].outputs):
-                            bar.update(1)
-                bar.set_postfix_str(f"{ntok / (time.perf_counter() - t0):.1f} tok/s", refresh=False)
-        except BaseException:
-            for rid in rids:
-                self.engine.abort_request(rid)
-            while self.engine.has_unfinished_requests():
-                self.engine.step()
-            raise
-        finally:
-            bar.close()
-        self.last_stats = dict(seconds=time.perf_counter() - t0, output_tokens=ntok)
-        return [results[r] for r in rids]
 
-    def chat(self, messages, params: SamplingParams | None = None, use_tqdm: bool = True) -> list:
-        """Answer one conversation (a list of `{'role', 'content'}`) or a list of them, through the chat template;
-        `content` may be OpenAI-style parts, images among them (`image_url` with a data URL, or `image` with a PIL image)."""
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self.generate([self.chat_prompt(c) for c in convs], params, use_tqdm)
+# %% ../nbs/14_llm.ipynb #f4ff176f
+def _as_lists(prompts, params) -> tuple:
+    "`(prompts, params)` as two lists of the same length."
+    if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    params = params or SamplingParams()
+    plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+    if len(plist) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+    return prompts, plist
 
-    def chat_prompt(self, messages):
-        "The prompt of one conversation: text, or `{prompt, multi_modal_data}` when its content parts hold images."
-        msgs, images = chat_images(messages)
-        if not images:
-            return self.apply_chat_template([{**m, "content": _text(m.get("content"))} for m in msgs])
-        if not hasattr(self.engine.model, "embed_images"):
-            raise ValueError("this model is text-only: it takes no images")
-        return {"prompt": self.apply_chat_template(msgs), "multi_modal_data": {"image": images}}
 
-    def apply_chat_template(self, messages) -> str:
-        "The prompt text for `messages`, ending where the assistant's answer begins."
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this checkpoint's tokenizer has no chat template")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+# %% ../nbs/14_llm.ipynb #238e669c
+@patch
+def _add_requests(self: LLM, prompts: list, plist: list) -> tuple:
+    "Add every prompt: `(request ids, {request id: RequestOutput with empty completions})`."
+    ids = [p if isinstance(p, dict) else self.engine.tokenize(p) for p in prompts]
+    rids = [self.engine.add_request(t, sp, stream=False) for t, sp in zip(ids, plist, strict=True)]
+    seq = lambda r: self.engine.requests[r][0].seq  # a dict prompt's ids are known once its images are expanded
+    ids = [
+        seq(r).token_ids[: seq(r).num_prompt_tokens] if isinstance(t, dict) else t
+        for r, t in zip(rids, ids, strict=True)
+    ]
+    results = {
+        rid: RequestOutput(rid, p, t, [CompletionOutput(i) for i in range(sp.n)])
+        for rid, p, t, sp in zip(rids, prompts, ids, plist, strict=True)
+    }
+    return rids, results
+
+
+# %% ../nbs/14_llm.ipynb #d4051370
+@patch
+def _run(self: LLM, rids: list, results: dict, use_tqdm: bool):
+    "Step the engine until every request is done, gathering outputs into `results`."
+    bar = tqdm(total=len(rids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
+    t0, ntok = time.perf_counter(), 0
+    try:
+        while self.engine.has_unfinished_requests():
+            for o in self.engine.step():
+                c = results[o.request_id].outputs[o.index]
+                c.token_ids += o.token_ids
+                ntok += len(o.token_ids)
+                if o.logprobs:
+                    c.logprobs = (c.logprobs or []) + o.logprobs
+                if o.finished:
+                    c.text, c.finish_reason = o.text, o.finish_reason
+                    if all(x.finish_reason for x in results[o.request_id].outputs):
+                        bar.update(1)
+            bar.set_postfix_str(f"{ntok / (time.perf_counter() - t0):.1f} tok/s", refresh=False)
+    except BaseException:
+        for rid in rids:
+            self.engine.abort_request(rid)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        raise
+    finally:
+        bar.close()
+    self.last_stats = dict(seconds=time.perf_counter() - t0, output_tokens=ntok)
+
+
+# %% ../nbs/14_llm.ipynb #1a7a0503
+@patch
+def generate(self: LLM, prompts, params: SamplingParams | list | None = None, use_tqdm: bool = True) -> list:
+    "Complete each prompt (a string or a list of token ids); one `SamplingParams` for all, or one per prompt."
+    prompts, plist = _as_lists(prompts, params)
+    rids, results = self._add_requests(prompts, plist)
+    self._run(rids, results, use_tqdm)
+    return [results[r] for r in rids]
+
+
+# %% ../nbs/14_llm.ipynb #0296374c
+@patch
+def chat(self: LLM, messages, params: SamplingParams | None = None, use_tqdm: bool = True) -> list:
+    """Answer one conversation (a list of `{'role', 'content'}`) or a list of them, through the chat template;
+    `content` may be OpenAI-style parts, images among them (`image_url` with a data URL, or `image`: a PIL image)."""
+    convs = [messages] if messages and isinstance(messages[0], dict) else messages
+    return self.generate([self.chat_prompt(c) for c in convs], params, use_tqdm)
+
+
+# %% ../nbs/14_llm.ipynb #88e7b72d
+@patch
+def chat_prompt(self: LLM, messages):
+    "The prompt of one conversation: text, or `{prompt, multi_modal_data}` when its content parts hold images."
+    msgs, images = chat_images(messages)
+    if not images:
+        return self.apply_chat_template([{**m, "content": _text(m.get("content"))} for m in msgs])
+    if not hasattr(self.engine.model, "embed_images"):
+        raise ValueError("this model is text-only: it takes no images")
+    return {"prompt": self.apply_chat_template(msgs), "multi_modal_data": {"image": images}}
+
+
+# %% ../nbs/14_llm.ipynb #ffd8ff48
+@patch
+def apply_chat_template(self: LLM, messages) -> str:
+    "The prompt text for `messages`, ending where the assistant's answer begins."
+    if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+        raise ValueError("this checkpoint's tokenizer has no chat template")
+    return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 # %% ../nbs/14_llm.ipynb #68803090
@@ -158,35 +197,35 @@ class VisionGenerator:
         self.llm = LLM(model, dtype, device, **engine_options)
         if not hasattr(self.llm.engine.model, "embed_images"):
             raise ValueError(
-                f"{self.llm.model_dir} is a text-only model; VisionGenerator needs a vision-language model (LLaVA-1.5 or Qwen3-VL)"
+                f"{self.llm.model_dir} is a text-only model; "
+                "VisionGenerator needs a vision-language model (LLaVA-1.5 or Qwen3-VL)"
             )
 
     @staticmethod
     def messages(prompt: str, images=()) -> list:
         "One user turn: the images, then the text."
         images = [images] if not isinstance(images, (list, tuple)) else images
-        return [
-            {
-                "role": "user",
-                "content": [{"type": "image", "image": im} for im in images] + [{"type": "text", "text": prompt}],
-            }
-        ]
+        content = [{"type": "image", "image": im} for im in images] + [{"type": "text", "text": prompt}]
+        return [{"role": "user", "content": content}]
 
     def generate(self, prompt: str, images=(), params: SamplingParams | None = None) -> str:
         "The answer to `prompt` about `images` (PIL images, bytes or data URLs)."
         return self.llm.chat(self.messages(prompt, images), params, use_tqdm=False)[0].outputs[0].text
 
-    def stream(self, prompt, images=(), params: SamplingParams | None = None):
-        "Yield the answer's text pieces as they come; `prompt` is a question (with `images`) or a whole conversation."
-        msgs = prompt if isinstance(prompt, list) else self.messages(prompt, images)
-        eng = self.llm.engine
-        rid = eng.add_request(self.llm.chat_prompt(msgs), params)
-        try:
-            while eng.has_unfinished_requests():
-                for o in eng.step():
-                    if o.request_id == rid and o.delta:
-                        yield o.delta
-        finally:
-            eng.abort_request(rid)
-            while eng.has_unfinished_requests():
-                eng.step()
+
+# %% ../nbs/14_llm.ipynb #dbcf6819
+@patch
+def stream(self: VisionGenerator, prompt, images=(), params: SamplingParams | None = None):
+    "Yield the answer's text pieces as they come; `prompt` is a question (with `images`) or a whole conversation."
+    msgs = prompt if isinstance(prompt, list) else self.messages(prompt, images)
+    eng = self.llm.engine
+    rid = eng.add_request(self.llm.chat_prompt(msgs), params)
+    try:
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                if o.request_id == rid and o.delta:
+                    yield o.delta
+    finally:
+        eng.abort_request(rid)
+        while eng.has_unfinished_requests():
+            eng.step()

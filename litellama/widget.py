@@ -1,4 +1,4 @@
-"""`ChatWidget(llm)`: an ipywidgets chat over the engine — tokens stream into the last message, Stop aborts mid-answer, the conversation goes through the chat template turn after turn.
+"""`ChatWidget(llm)`: an ipywidgets chat over the engine; tokens stream in, Stop aborts mid-answer.
 
 Docs: https://litellama.github.io/litellama/nbs/widget.html.md"""
 
@@ -16,6 +16,7 @@ import warnings
 import weakref
 
 from .sampling import SamplingParams
+from .utils import patch
 
 
 # %% ../nbs/17_widget.ipynb #25f57685
@@ -36,16 +37,34 @@ def _inline(s: str) -> str:
 _LIST = re.compile(r"^\s*(?:([-*+])|(\d+)[.)])\s+(.*)$")
 
 
+# %% ../nbs/17_widget.ipynb #59fea5f9
+def _close_block(out: list, para: list, items: list, kind):
+    "Append the open paragraph and list (if any) to `out`, as HTML."
+    if para:
+        out.append("<p>" + "<br>".join(_inline(ln) for ln in para) + "</p>")
+    if items:
+        out.append(f"<{kind}>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + f"</{kind}>")
+
+
+# %% ../nbs/17_widget.ipynb #4f425161
+def _code_block(lines: list, i: int) -> tuple:
+    "The fenced block that opens at `lines[i]`: `(its HTML, the index of its closing fence)`."
+    code, i = [], i + 1
+    while i < len(lines) and not lines[i].lstrip().startswith("```"):
+        code.append(lines[i])
+        i += 1
+    return "<pre><code>" + "\n".join(code) + "</code></pre>", i
+
+
+# %% ../nbs/17_widget.ipynb #09ac69d0
 def md_to_html(text: str) -> str:
-    "A small, safe markdown → HTML: fenced code, paragraphs, `-`/`1.` lists, `#` headings, inline code/bold/italics; all text escaped."
+    """A small, safe markdown → HTML: fenced code, paragraphs, `-`/`1.` lists, `#` headings, inline code/bold/italics;
+    all text escaped."""
     out, para, items, kind = [], [], [], None
 
     def flush():
         nonlocal para, items, kind
-        if para:
-            out.append("<p>" + "<br>".join(_inline(l) for l in para) + "</p>")
-        if items:
-            out.append(f"<{kind}>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + f"</{kind}>")
+        _close_block(out, para, items, kind)
         para, items, kind = [], [], None
 
     lines, i = html.escape(text).split("\n"), 0
@@ -53,11 +72,8 @@ def md_to_html(text: str) -> str:
         line = lines[i]
         if line.lstrip().startswith("```"):
             flush()
-            code, i = [], i + 1
-            while i < len(lines) and not lines[i].lstrip().startswith("```"):
-                code.append(lines[i])
-                i += 1
-            out.append("<pre><code>" + "\n".join(code) + "</code></pre>")
+            block, i = _code_block(lines, i)
+            out.append(block)
         elif not line.strip():
             flush()
         elif m := re.match(r"^(#{1,6})\s+(.*)$", line):
@@ -92,6 +108,7 @@ def _ipywidgets():
     return ipywidgets
 
 
+# %% ../nbs/17_widget.ipynb #7aecacfe
 _CSS = """<style>
 .ll-chat{font-family:system-ui,sans-serif;font-size:14px;max-height:460px;overflow-y:auto;padding:4px}
 .ll-msg{margin:6px 0;padding:8px 12px;border-radius:10px;max-width:88%;line-height:1.45;word-wrap:break-word}
@@ -110,6 +127,7 @@ _engine_locks = weakref.WeakKeyDictionary()
 _locks_guard = threading.Lock()
 
 
+# %% ../nbs/17_widget.ipynb #2fe6c1e7
 def _engine_lock(engine) -> threading.Lock:
     "The one lock that guards `engine` against being stepped from two threads."
     with _locks_guard:
@@ -136,61 +154,70 @@ class ChatWidget:
             llm = LLM()
         self.llm, self.messages, self.error = llm, [], None
         self._lock, self._stop, self._thread, self._rid = _engine_lock(llm.engine), threading.Event(), None, None
-        self.history = w.HTML(layout=w.Layout(width="100%"))
-        self.input = w.Text(placeholder="Ask something, then Enter", layout=w.Layout(flex="1"))
-        self.send_button = w.Button(description="Send", button_style="primary", icon="paper-plane")
-        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
-        self.clear_button = w.Button(description="Clear", icon="trash")
-        self.system = w.Textarea(
-            value=system_prompt, description="System", layout=w.Layout(width="100%", height="48px")
-        )
-        self.temperature = w.FloatSlider(
-            value=temperature,
-            min=0.0,
-            max=2.0,
-            step=0.05,
-            description="Temperature",
-            style={"description_width": "initial"},
-        )
-        self.max_tokens = w.BoundedIntText(value=max_tokens, min=1, max=32768, description="Max tokens")
-        self.status = w.HTML(value="")
-        self.pending_images = []  # attached to the next message sent; an upload button if the model takes images
-        self.upload = (
-            w.FileUpload(accept="image/*", multiple=True, description="Image")
-            if hasattr(llm.engine.model, "embed_images")
-            else None
-        )
-        if self.upload is not None:
-            self.upload.observe(lambda _: self._on_upload(), "value")
-        self.send_button.on_click(lambda _: self.send())
-        self.stop_button.on_click(lambda _: self.stop())
-        self.clear_button.on_click(lambda _: self.clear())
-        with warnings.catch_warnings():  # Enter in a Text: on_submit is the one event that means exactly that
-            warnings.simplefilter("ignore")
-            self.input.on_submit(lambda _: self.send())
-        self.ui = w.VBox(
-            [
-                self.system,
-                w.HBox([self.temperature, self.max_tokens]),
-                self.history,
-                w.HBox(
-                    [
-                        self.input,
-                        self.send_button,
-                        self.stop_button,
-                        self.clear_button,
-                        *[u for u in [self.upload] if u],
-                    ]
-                ),
-                self.status,
-            ],
-            layout=w.Layout(width="100%"),
-        )
+        self._make_controls(w, system_prompt, temperature, max_tokens)
+        self._connect()
+        self.ui = self._layout(w)
         self.ui.add_class("litellama-chat")
         self._render()
 
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
+
+
+# %% ../nbs/17_widget.ipynb #087fb23e
+@patch
+def _make_controls(self: ChatWidget, w, system_prompt: str, temperature: float, max_tokens: int):
+    self.history = w.HTML(layout=w.Layout(width="100%"))
+    self.input = w.Text(placeholder="Ask something, then Enter", layout=w.Layout(flex="1"))
+    self.send_button = w.Button(description="Send", button_style="primary", icon="paper-plane")
+    self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+    self.clear_button = w.Button(description="Clear", icon="trash")
+    self.system = w.Textarea(value=system_prompt, description="System", layout=w.Layout(width="100%", height="48px"))
+    self.temperature = w.FloatSlider(
+        value=temperature,
+        min=0.0,
+        max=2.0,
+        step=0.05,
+        description="Temperature",
+        style={"description_width": "initial"},
+    )
+    self.max_tokens = w.BoundedIntText(value=max_tokens, min=1, max=32768, description="Max tokens")
+    self.status = w.HTML(value="")
+    self.pending_images = []  # attached to the next message sent; an upload button if the model takes images
+    self.upload = (
+        w.FileUpload(accept="image/*", multiple=True, description="Image")
+        if hasattr(self.llm.engine.model, "embed_images")
+        else None
+    )
+
+
+# %% ../nbs/17_widget.ipynb #3f05a765
+@patch
+def _connect(self: ChatWidget):
+    if self.upload is not None:
+        self.upload.observe(lambda _: self._on_upload(), "value")
+    self.send_button.on_click(lambda _: self.send())
+    self.stop_button.on_click(lambda _: self.stop())
+    self.clear_button.on_click(lambda _: self.clear())
+    with warnings.catch_warnings():  # Enter in a Text: on_submit is the one event that means exactly that
+        warnings.simplefilter("ignore")
+        self.input.on_submit(lambda _: self.send())
+
+
+# %% ../nbs/17_widget.ipynb #2dfb4c28
+@patch
+def _layout(self: ChatWidget, w):
+    buttons = [self.send_button, self.stop_button, self.clear_button, *[u for u in [self.upload] if u]]
+    return w.VBox(
+        [
+            self.system,
+            w.HBox([self.temperature, self.max_tokens]),
+            self.history,
+            w.HBox([self.input, *buttons]),
+            self.status,
+        ],
+        layout=w.Layout(width="100%"),
+    )
 
 
 # %% ../nbs/17_widget.ipynb #3ad5ab9e
@@ -222,6 +249,7 @@ def _conversation(self) -> list:
     ]
 
 
+# %% ../nbs/17_widget.ipynb #433c6d6b
 def send(self, text: str | None = None) -> bool:
     "Send `text` (default: the input box) and start streaming the answer; False if empty or busy."
     text = (self.input.value if text is None else text).strip()
@@ -243,11 +271,13 @@ def send(self, text: str | None = None) -> bool:
     return True
 
 
+# %% ../nbs/17_widget.ipynb #37a773cb
 @property
 def busy(self) -> bool:
     return self._thread is not None and self._thread.is_alive()
 
 
+# %% ../nbs/17_widget.ipynb #8a5c7641
 def _set_busy(self, busy: bool):
     self.send_button.disabled, self.stop_button.disabled = busy, not busy
     self.status.value = "<i>generating&hellip;</i>" if busy else self.status.value
@@ -256,35 +286,41 @@ def _set_busy(self, busy: bool):
 ChatWidget._conversation, ChatWidget.send, ChatWidget.busy, ChatWidget._set_busy = _conversation, send, busy, _set_busy
 
 
-# %% ../nbs/17_widget.ipynb #4990a02b
-def _generate(self, conversation, params):
-    "Worker thread: run one request to the end (or to Stop), streaming deltas into the last message."
-    msg, t0, ntok, reason = self.messages[-1], time.perf_counter(), 0, None
-    try:
-        with self._lock:
-            eng = self.llm.engine
-            self._rid = rid = eng.add_request(
-                self.llm.chat_prompt(conversation), params
-            )  # with images: a multimodal prompt
-            try:
-                while eng.has_unfinished_requests():
-                    if self._stop.is_set() and reason is None:
-                        eng.abort_request(rid)
-                    for o in eng.step():
-                        if o.request_id != rid:
-                            continue
-                        ntok += len(o.token_ids)
-                        if o.delta:
-                            msg["content"] += o.delta
-                            self._render()
-                        if o.finished:
-                            reason = o.finish_reason
-            finally:
-                if reason is None:
+# %% ../nbs/17_widget.ipynb #c3396bee
+@patch
+def _run_request(self: ChatWidget, conversation, params, msg: dict, state: dict):
+    "Under the engine's lock: add the request, step until it ends (or Stop aborts it), counting into `state`."
+    with self._lock:
+        eng = self.llm.engine
+        self._rid = rid = eng.add_request(self.llm.chat_prompt(conversation), params)  # images: a multimodal prompt
+        try:
+            while eng.has_unfinished_requests():
+                if self._stop.is_set() and state["reason"] is None:
                     eng.abort_request(rid)
-                while eng.has_unfinished_requests():
-                    eng.step()
-        dt = time.perf_counter() - t0
+                for o in eng.step():
+                    if o.request_id != rid:
+                        continue
+                    state["ntok"] += len(o.token_ids)
+                    if o.delta:
+                        msg["content"] += o.delta
+                        self._render()
+                    if o.finished:
+                        state["reason"] = o.finish_reason
+        finally:
+            if state["reason"] is None:
+                eng.abort_request(rid)
+            while eng.has_unfinished_requests():
+                eng.step()
+
+
+# %% ../nbs/17_widget.ipynb #4990a02b
+@patch
+def _generate(self: ChatWidget, conversation, params):
+    "Worker thread: run one request to the end (or to Stop), streaming deltas into the last message."
+    msg, t0, state = self.messages[-1], time.perf_counter(), dict(ntok=0, reason=None)
+    try:
+        self._run_request(conversation, params, msg, state)
+        dt, ntok, reason = time.perf_counter() - t0, state["ntok"], state["reason"]
         msg["meta"] = (
             f"{ntok} tokens · {ntok / dt:.1f} tok/s"
             + (" · stopped" if reason == "abort" else "")
@@ -296,14 +332,12 @@ def _generate(self, conversation, params):
         if not msg["content"]:
             self.messages.remove(msg)
         self.messages.append({"role": "error", "content": f"Error: {type(e).__name__}: {e}"})
-        self.status.value = f'<span style="color:#991b1b">{html.escape(type(e).__name__)}: {html.escape(str(e))}</span>'
+        err = f"{html.escape(type(e).__name__)}: {html.escape(str(e))}"
+        self.status.value = f'<span style="color:#991b1b">{err}</span>'
     finally:
-        self.last_finish_reason, self._rid = reason, None
+        self.last_finish_reason, self._rid = state["reason"], None
         self._render()
         self._set_busy(False)
-
-
-ChatWidget._generate = _generate
 
 
 # %% ../nbs/17_widget.ipynb #aed9817d
@@ -312,6 +346,7 @@ def stop(self):
     self._stop.set()
 
 
+# %% ../nbs/17_widget.ipynb #c41513d8
 def wait(self, timeout: float | None = None) -> bool:
     "Block until the current generation ends; True if it has."
     if self._thread is not None:
@@ -319,6 +354,7 @@ def wait(self, timeout: float | None = None) -> bool:
     return not self.busy
 
 
+# %% ../nbs/17_widget.ipynb #c89796d5
 def clear(self):
     "Stop any generation and forget the conversation."
     self.stop()
@@ -343,6 +379,7 @@ def _thumbnail(img, size: int = 160) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+# %% ../nbs/17_widget.ipynb #63071947
 def attach_image(self, image):
     "Attach an image (PIL image, bytes or data URL) to the next message; a bad one is reported in the status line."
     from litellama.multimodal import load_image
@@ -356,6 +393,7 @@ def attach_image(self, image):
     return True
 
 
+# %% ../nbs/17_widget.ipynb #1415513c
 def _on_upload(self):
     "The upload button's files, attached to the next message."
     for f in self.upload.value:

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune, reference
+from . import reference, tuned
 
 
 # %% ../../kernels_nb/04_activation.ipynb #22d9a73f
@@ -47,7 +47,7 @@ def _config(n_cols: int, n_rows: int | None = None) -> dict:
     while n_rows is not None and rows > 1 and triton.cdiv(n_rows, rows) * col_blocks < DEFAULTS["min_programs"]:
         rows //= 2
     cfg = dict(BLOCK_I=block, ROWS=rows, num_warps=DEFAULTS["num_warps"])
-    return autotune.lookup("activation", (n_cols, autotune.shape_bucket(n_rows or 1)), cfg)
+    return tuned.lookup("activation", (n_cols, tuned.shape_bucket(n_rows or 1)), cfg)
 
 
 # %% ../../kernels_nb/04_activation.ipynb #f372044d
@@ -87,7 +87,7 @@ def benchmark(
     device="cuda", tokens=TOKENS, intermediate=INTERMEDIATE, dtypes=(torch.bfloat16,), timer=None
 ) -> list[dict]:
     "Time `silu_and_mul` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer, rows = timer or autotune.median_ms, []
+    timer, rows = timer or tuned.median_ms, []
     for dtype in dtypes:
         for inter in intermediate:
             for T in tokens:

@@ -41,7 +41,7 @@ from litellama.kernels.attention_tiles import (
 )
 
 from ..utils import patch  # these two after the block above: in the package they are relative imports
-from . import autotune
+from . import tuned
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #4d8c9fea
 DEFAULTS = {
@@ -73,9 +73,9 @@ def _config(
 ) -> dict:
     "The launch parameters for one call, read from `DEFAULTS`, or from this GPU's tuned entry (`08_autotune.ipynb`)."
     fp8 = cache_dtype == torch.float8_e4m3fn
-    key = (str(dtype).replace("torch.", "") + ("/fp8" if fp8 else ""), head_dim, autotune.shape_bucket(batch))
+    key = (str(dtype).replace("torch.", "") + ("/fp8" if fp8 else ""), head_dim, tuned.shape_bucket(batch))
     row = _default_row(device_type, dtype, batch, fp8)
-    return autotune.lookup("decode_attention", key, dict(DEFAULTS[row]), device_type)  # a tuned entry may omit keys
+    return tuned.lookup("decode_attention", key, dict(DEFAULTS[row]), device_type)  # a tuned entry may omit keys
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #2326f273
@@ -120,7 +120,7 @@ class SplitPlanner:
         self, kv_heads: int, head_dim: int, dtype: torch.dtype, device, cache_dtype: torch.dtype | None = None
     ):
         self.kv_heads, self.head_dim, self.dtype, self.device = kv_heads, head_dim, dtype, torch.device(device)
-        self.cache_dtype, self.num_sms = cache_dtype or dtype, autotune.num_sms(self.device)
+        self.cache_dtype, self.num_sms = cache_dtype or dtype, tuned.num_sms(self.device)
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #234bbedd
@@ -182,7 +182,7 @@ def _reads_words(q, k_cache, v_cache) -> bool:
         and torch.version.hip is None
         and _in_words(k_cache, 3)
         and _in_words(v_cache, 1)
-        and autotune.compute_capability(q.device) >= (8, 9)
+        and tuned.compute_capability(q.device) >= (8, 9)
     )
 
 
@@ -515,7 +515,7 @@ def _time_decode(B: int, lens_list: list, ctx: str, timer, device) -> list:
         fns["torch_reference"] = lambda: reference.decode_attention(q, kc, vc, lens, tables, D**-0.5)
     rows = []
     for backend, fn in fns.items():
-        ms = (timer if backend == "triton" else autotune.median_ms)(fn)
+        ms = (timer if backend == "triton" else tuned.median_ms)(fn)
         gbps = nbytes / ms * 1e-6
         rows.append(dict(op="decode_attention", backend=backend, shape=shape, dtype="bfloat16", ms=ms, gbps=gbps))
     return rows
@@ -525,7 +525,7 @@ def _time_decode(B: int, lens_list: list, ctx: str, timer, device) -> list:
 def benchmark(device="cuda", timer=None) -> list:
     """Time `decode_attention` (Qwen3-0.6B heads, bf16) as GB/s of K/V read: every sequence at one context, and
     ragged batches (contexts uniform in 100..2048, as in the offline workload); the reference at small shapes."""
-    timer, g = timer or autotune.median_ms, np.random.default_rng(0)
+    timer, g = timer or tuned.median_ms, np.random.default_rng(0)
     cases = [(B, [ctx] * B, str(ctx)) for B in (1, 4, 16, 64, 256) for ctx in (512, 1024, 2048, 4096, 8192)]
     cases += [(B, g.integers(100, 2049, B).tolist(), "100-2048") for B in (16, 64, 128, 256)]
     return [row for B, lens_list, ctx in cases for row in _time_decode(B, lens_list, ctx, timer, device)]

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune, reference
+from . import reference, tuned
 
 
 # %% ../../kernels_nb/11_gumbel.ipynb #403b65f4
@@ -84,7 +84,7 @@ def gumbel_argmax(
         return torch.empty(0, dtype=torch.int64, device=logits.device)
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    splits = _splits(S, V, autotune.num_sms(logits.device))
+    splits = _splits(S, V, tuned.num_sms(logits.device))
     best_v = torch.empty(S, splits, dtype=torch.float32, device=logits.device)
     best_i = torch.empty(S, splits, dtype=torch.int64, device=logits.device)
     block = DEFAULTS["BLOCK"] if logits.device.type == "cuda" else 128
@@ -114,7 +114,7 @@ def _row(backend: str, S: int, vocab: int, ms: float) -> dict:
 # %% ../../kernels_nb/11_gumbel.ipynb #ab1e752d
 def benchmark(device="cuda", rows=(1, 16, 64, 256), vocab=151936, timer=None) -> list[dict]:
     "Time `gumbel_argmax` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer, out = timer or autotune.median_ms, []
+    timer, out = timer or tuned.median_ms, []
     for S in rows:
         logits = torch.randn(S, vocab, device=device)
         args = (

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune, reference
+from . import reference, tuned
 
 
 # %% ../../kernels_nb/05_kv_store.ipynb #c277c86e
@@ -61,9 +61,9 @@ DEFAULTS = {"tile": 4096, "max_rows": 32, "min_programs": 264, "num_warps": 4}
 # %% ../../kernels_nb/05_kv_store.ipynb #10698597
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Tokens per program and warps, for tokens of `n_cols` (padded) K elements and `n_rows` tokens."
-    rows = autotune.rows_per_program(n_cols, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
-    return autotune.lookup(
-        "kv_store", (n_cols, autotune.shape_bucket(n_rows or 1)), dict(ROWS=rows, num_warps=DEFAULTS["num_warps"])
+    rows = tuned.rows_per_program(n_cols, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
+    return tuned.lookup(
+        "kv_store", (n_cols, tuned.shape_bucket(n_rows or 1)), dict(ROWS=rows, num_warps=DEFAULTS["num_warps"])
     )
 
 
@@ -117,6 +117,6 @@ def benchmark(
     device="cuda", tokens=TOKENS, kv_heads=KV_HEADS, dtypes=(torch.bfloat16,), timer=None, block_size=16
 ) -> list[dict]:
     "Time `store_kv_cache` against the reference; rows of op, backend, shape, dtype, ms, GB/s."
-    timer = timer or autotune.median_ms
+    timer = timer or tuned.median_ms
     cases = [(T, H, D, dtype) for dtype in dtypes for H, D in kv_heads for T in tokens]
     return [row for T, H, D, dtype in cases for row in _time_store(T, H, D, dtype, block_size, timer, device)]

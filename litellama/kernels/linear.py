@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import autotune
+from . import tuned
 
 # %% ../../kernels_nb/10_linear.ipynb #2e4a7ec0
 SHAPES = (
@@ -180,11 +180,11 @@ def _rule(M: int, N: int, K: int, device_type: str = "cuda", num_sms: int = 132)
 def _config(M: int, N: int, K: int, dtype: torch.dtype, device_type: str = "cuda", num_sms: int = 132) -> dict:
     """Launch parameters for one call: the rule, or this GPU's tuned entry (`08_autotune.ipynb`) for its dtype, N,
     K and M bucket."""
-    key = (str(dtype).replace("torch.", ""), N, K, autotune.shape_bucket(M))
+    key = (str(dtype).replace("torch.", ""), N, K, tuned.shape_bucket(M))
     rule = _rule(M, N, K, device_type, num_sms)
     if device_type == "cuda" and M == 1:
         rule.update(SHAPE_RULES.get((N, K), {}))
-    return autotune.lookup("linear", key, rule, device_type)
+    return tuned.lookup("linear", key, rule, device_type)
 
 
 # %% ../../kernels_nb/10_linear.ipynb #9be5be7e
@@ -273,7 +273,7 @@ def skinny_linear(
     if x.stride(-1) != 1:
         x = x.contiguous()
     _launch(
-        x, weight, bias, out, {**_config(M, N, K, x.dtype, x.device.type, autotune.num_sms(x.device)), **(config or {})}
+        x, weight, bias, out, {**_config(M, N, K, x.dtype, x.device.type, tuned.num_sms(x.device)), **(config or {})}
     )
     return out
 
@@ -307,7 +307,7 @@ def _row(backend: str, M: int, N: int, K: int, dtype: torch.dtype, ms: float, **
 # %% ../../kernels_nb/10_linear.ipynb #b75643c8
 def benchmark(device="cuda", shapes=SHAPES, ms=(1, 4, 16), dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     "Time `skinny_linear` against `F.linear`; rows of op, backend, shape (`MxNxK`), dtype, ms, GB/s."
-    timer, rows = timer or autotune.median_ms, []
+    timer, rows = timer or tuned.median_ms, []
     for dtype in dtypes:
         for N, K in shapes:
             w = torch.randn(N, K, device=device, dtype=dtype)
@@ -365,9 +365,9 @@ def sweep(
 ) -> list[dict]:
     """Time the rule, each of `configs` (default `CONFIGS`), `F.linear` and `torch.mv`; rows as `benchmark`'s plus
     config and ok."""
-    timer = timer or autotune.graph_ms
+    timer = timer or tuned.graph_ms
     dev, rows = torch.device(device), []
-    d, sms = DEFAULTS["cuda" if dev.type == "cuda" else "interpret"], autotune.num_sms(dev)
+    d, sms = DEFAULTS["cuda" if dev.type == "cuda" else "interpret"], tuned.num_sms(dev)
     for N, K in shapes:
         w = torch.randn(N, K, device=device, dtype=dtype) / K**0.5
         for M in ms:

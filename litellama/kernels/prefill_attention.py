@@ -23,7 +23,7 @@ from litellama.kernels.attention_tiles import (
     random_paged_kv,
 )
 
-from . import autotune  # these two after the block above: in the package they are relative imports
+from . import tuned  # these two after the block above: in the package they are relative imports
 from .attention_tiles import declines_head_dim as declines_head_dim  # the registry names it here
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #34348bbd
@@ -48,14 +48,14 @@ def _default_row(dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> str:
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #8ace4a01
 def _config(device_type: str, dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> dict:
-    "The launch parameters for one call, read from `DEFAULTS`, or from this GPU's tuned entry (`08_autotune.ipynb`)."
-    tuned = (str(dtype).replace("torch.", ""), head_dim, autotune.shape_bucket(max_seqlen_q))
+    "The launch parameters for one call, read from `DEFAULTS`, or from this GPU's key entry (`08_autotune.ipynb`)."
+    key = (str(dtype).replace("torch.", ""), head_dim, tuned.shape_bucket(max_seqlen_q))
     if device_type != "cuda":
-        return autotune.lookup("prefill_attention", tuned, dict(DEFAULTS["interpret"]), device_type)
+        return tuned.lookup("prefill_attention", key, dict(DEFAULTS["interpret"]), device_type)
     cfg = dict(DEFAULTS[_default_row(dtype, head_dim, max_seqlen_q)])
     if dtype == torch.float32 and head_dim > 128:
         cfg.update(BLOCK_M=32, num_stages=1)  # 4-byte, 256-wide tiles
-    return autotune.lookup("prefill_attention", tuned, cfg, device_type)
+    return tuned.lookup("prefill_attention", key, cfg, device_type)
 
 
 # %% ../../kernels_nb/06_prefill_attention.ipynb #64979396

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune, reference
+from . import reference, tuned
 from .kv_store import to_cache
 
 
@@ -133,9 +133,9 @@ DEFAULTS = {"tile": 4096, "max_rows": 32, "min_programs": 264, "num_warps": 4}
 # %% ../../kernels_nb/03_rope.ipynb #ded9755b
 def _config(n_cols: int, n_rows: int | None = None) -> dict:
     "Tokens per program and warps, for tokens of `n_cols` (padded) q+k elements each and `n_rows` tokens."
-    rows = autotune.rows_per_program(n_cols, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
-    return autotune.lookup(
-        "rope", (n_cols, autotune.shape_bucket(n_rows or 1)), dict(ROWS=rows, num_warps=DEFAULTS["num_warps"])
+    rows = tuned.rows_per_program(n_cols, n_rows, DEFAULTS["tile"], DEFAULTS["max_rows"], DEFAULTS["min_programs"])
+    return tuned.lookup(
+        "rope", (n_cols, tuned.shape_bucket(n_rows or 1)), dict(ROWS=rows, num_warps=DEFAULTS["num_warps"])
     )
 
 
@@ -325,7 +325,7 @@ def _time_fused(q, k, v, pos, cache, dtype, timer) -> list:
 def benchmark(device="cuda", tokens=TOKENS, heads=HEADS, dtypes=(torch.bfloat16,), timer=None) -> list[dict]:
     """Time `rotary_embedding` against the reference, and `rope_and_store_kv` (with norms) against the reference and
     against the same work in separate launches; rows of op, backend, shape, dtype, ms, GB/s."""
-    timer, rows = timer or autotune.median_ms, []
+    timer, rows = timer or tuned.median_ms, []
     for dtype in dtypes:
         for Hq, Hk, D in heads:
             angles = torch.rand(40960, D // 2, device=device) * 6.3
