@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .checkpoints import make_tokenizer
+from .tokenizer import make_tokenizer
 from .models.llava import LLAVA_CHAT_TEMPLATE, llava_config, llava_processor
 from .models.qwen3_vl import QWEN3_VL_CHAT_TEMPLATE, qwen3_vl_config, qwen3_vl_image_processor
 from .multimodal import quiet_transformers

@@ -71,6 +71,7 @@ def save():
 meta()
 from PIL import Image
 from litellama.models import qwen3_vl as Q
+from litellama.vision_checkpoints import qwen3_vl_tokenizer
 from litellama.models.decoder import load_weights
 from litellama.engine import ContinuousBatchingEngine
 from litellama.sampling import SamplingParams
@@ -84,7 +85,7 @@ def random_image(w, h, seed):
 @part("a_processor")
 def _():
     from transformers import Qwen3VLProcessor
-    tok = Q.qwen3_vl_tokenizer()
+    tok = qwen3_vl_tokenizer()
     pil = Q.qwen3_vl_image_processor("qwen3-vl-4b")            # what the engine runs (transformers' PIL backend)
     try:                                                       # the processor as transformers builds it: fast image processor
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
