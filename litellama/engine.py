@@ -1,4 +1,4 @@
-"""`ContinuousBatchingEngine`: requests in, a step at a time, text deltas out. It ties the scheduler, the model runner, the sampler and the detokenizer together.
+"""`ContinuousBatchingEngine`: requests in, a step at a time, text deltas out; each step runs on an executor.
 
 Docs: https://litellama.github.io/litellama/nbs/engine.html.md"""
 
@@ -12,7 +12,6 @@ __all__ = [
     "EngineStats",
     "Completion",
     "ContinuousBatchingEngine",
-    "process_images",
     "InFlightStep",
 ]
 
@@ -27,20 +26,15 @@ import torch
 
 from .checkpoints import resolve_model_dir
 from .detokenizer import IncrementalDetokenizer
+from .executor import InProcessExecutor, StepResult
 from .kv_cache import BlockManager, Sequence
 from .loader import load_model, resolve_device, resolve_dtype
-from .model_runner import ModelRunner
+from .model_input import Placeholder
 from .multimodal import MultiModalError, TokensWithImages, load_image_processor, parse_prompt
 from .multimodal import process_images as encode_images
-from litellama.sampling import (
-    SEED_RANGE,
-    SamplingParams,
-    SamplingTensors,
-    logprobs_to_host,
-    sample_on_device,
-    uses_history,
-)
+from .sampling import SEED_RANGE, SamplingParams, uses_history
 from .scheduler import Scheduler, SchedulerOutput
+from .utils import patch
 
 log = logging.getLogger("litellama")
 
@@ -137,34 +131,39 @@ class ContinuousBatchingEngine:
         self.model, self.config, self.tokenizer, self.model_dir = model, config, tokenizer, model_dir
         self.device, self.dtype = torch.device(device), dtype
         self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-        self.executor = executor  # tensor parallelism: ranks own the model; it stands in for the runner
-        self.runner = executor or ModelRunner(
-            model,
-            config,
-            block_size,
-            num_kv_blocks,
-            self.device,
-            dtype,
-            max_num_batched_tokens,
-            kv_cache_memory,
-            gpu_memory_utilization,
-            KV_CACHE_DTYPES[kv_cache_dtype],
+        from types import SimpleNamespace  # stand-ins for the config objects
+
+        kv_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
+        self.model_config = SimpleNamespace(
+            model=model_dir,
+            dtype=dtype,
+            device=self.device,
+            quantization=None,
+            max_model_len=self.max_model_len,
+            seed=seed,
+            enforce_eager=enforce_eager,
         )
-        log.log(
-            logging.INFO if self.device.type == "cuda" else logging.DEBUG,
-            f"KV cache: {self.runner.num_blocks} blocks of {block_size} tokens = {self.runner.capacity_tokens} tokens "
-            f"({self.runner.kv_cache.nbytes / 2**30:.2f} GiB, {self.runner.kv_cache.dtype}) on {self.device}",
+        self.cache_config = SimpleNamespace(
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            kv_cache_memory=kv_cache_memory,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_dtype=kv_cache_dtype,
+            enable_prefix_caching=enable_prefix_caching,
+            torch_kv_dtype=lambda: kv_dtype,
         )
-        if self.device.type == "cuda" and not enforce_eager:
-            self.runner.capture_cuda_graphs(max_num_seqs, self.max_model_len)
-        self.block_manager = BlockManager(self.runner.num_blocks, block_size, enable_prefix_caching)
+        self.scheduler_config = SimpleNamespace(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, async_scheduling=async_scheduling
+        )
+        self._init_executor(executor)
+        self.block_manager = BlockManager(self.executor.num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.eos_ids = self._eos_ids()
         self._eos_set = frozenset(self.eos_ids)
         self.requests, self.by_seq, self._pending, self._in_flight, self._grammars = {}, {}, [], None, None
         self._seq_ids, self._rng, self.num_steps = itertools.count(), random.Random(seed), 0
         self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
-        if executor is not None:
+        if not self.executor.in_process:
             self.async_scheduling = False  # steps across processes are not overlapped yet
 
     @classmethod
@@ -222,8 +221,41 @@ class ContinuousBatchingEngine:
         return sorted(ids)
 
 
+# %% ../nbs/12_engine.ipynb #42d9ef02
+@patch
+def _init_executor(self: ContinuousBatchingEngine, executor=None):
+    "Start the executor that runs every step: `executor` if given (tensor parallelism), else a worker in this process."
+    cc, sc = self.cache_config, self.scheduler_config
+    self.executor = ex = executor or InProcessExecutor(
+        self.model,
+        self.config,
+        cc.block_size,
+        cc.num_kv_blocks,
+        self.device,
+        self.dtype,
+        sc.max_num_batched_tokens,
+        cc.kv_cache_memory,
+        cc.gpu_memory_utilization,
+        cc.torch_kv_dtype(),
+    )
+    log.log(
+        logging.INFO if self.device.type == "cuda" else logging.DEBUG,
+        f"KV cache: {ex.num_blocks} blocks of {cc.block_size} tokens = {ex.capacity_tokens} tokens "
+        f"({ex.kv_cache.nbytes / 2**30:.2f} GiB, {ex.kv_cache.dtype}) on {self.device}",
+    )
+    if self.device.type == "cuda" and not self.model_config.enforce_eager:
+        ex.capture_cuda_graphs(sc.max_num_seqs, self.max_model_len)
+
+
+@patch(as_prop=True)
+def runner(self: ContinuousBatchingEngine):
+    "The executor's model runner (rank 0's when tensor-parallel), to inspect; steps go through `executor`."
+    return self.executor.runner
+
+
 # %% ../nbs/12_engine.ipynb #254da86a
-def tokenize(self, prompt) -> list:
+@patch
+def tokenize(self: ContinuousBatchingEngine, prompt) -> list:
     "Token ids of `prompt` (a string, or token ids checked against the vocabulary)."
     if isinstance(prompt, str):
         if self.tokenizer is None:
@@ -239,11 +271,18 @@ def tokenize(self, prompt) -> list:
     return ids
 
 
+# %% ../nbs/12_engine.ipynb #deeccf21
+@patch
 def add_request(
-    self, prompt, params: SamplingParams | None = None, request_id: str | None = None, stream: bool = True
+    self: ContinuousBatchingEngine,
+    prompt,
+    params: SamplingParams | None = None,
+    request_id: str | None = None,
+    stream: bool = True,
 ) -> str:
-    """Queue `prompt` (a string, token ids, or a dict with `multi_modal_data`); returns its request id. With `stream=False` the outputs carry no text
-    deltas: the text is decoded once, when the request finishes (unless it has stop strings)."""
+    """Queue `prompt` (a string, token ids, or a dict with `multi_modal_data`); returns its request id. With
+    `stream=False` the outputs carry no text deltas: the text is decoded once, when the request finishes (unless it
+    has stop strings)."""
     params = params or SamplingParams()
     request_id = request_id or uuid.uuid4().hex
     if request_id in self.requests:
@@ -256,6 +295,20 @@ def add_request(
     ids, mm = self.process_images(self.tokenize(prompt), images)
     if not ids:
         raise ValueError("the prompt is empty")
+    max_tokens = self._check_request(ids, params)
+    base_seed = params.seed % SEED_RANGE if params.seed is not None else self._rng.getrandbits(62)
+    comps = self._completions(request_id, ids, mm, params, max_tokens, base_seed, stream)
+    self.requests[request_id] = comps
+    for c in comps:
+        self.by_seq[c.seq.seq_id] = c
+        self.scheduler.add(c.seq)
+    return request_id
+
+
+# %% ../nbs/12_engine.ipynb #a1482b9d
+@patch
+def _check_request(self: ContinuousBatchingEngine, ids: list, params: SamplingParams) -> int:
+    "Refuse a request the engine could never finish, saying why; its `max_tokens`."
     V = self.config.vocab_size
     for name, toks in (("stop_token_ids", params.stop_token_ids), ("logit_bias", list(params.logit_bias or ()))):
         if not all(type(t) is int and 0 <= t < V for t in toks):
@@ -265,7 +318,8 @@ def add_request(
     room = self.max_model_len - len(ids)
     if params.max_tokens is not None and params.max_tokens > room:
         raise ValueError(
-            f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context of {self.max_model_len} tokens"
+            f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context of "
+            f"{self.max_model_len} tokens"
         )
     max_tokens = params.max_tokens or room
     need = self.block_manager.blocks_needed(len(ids) + max_tokens)
@@ -274,7 +328,13 @@ def add_request(
             f"the request needs {need} KV blocks (prompt {len(ids)} + max_tokens {max_tokens} tokens) "
             f"but the cache holds only {self.block_manager.num_total_blocks}; lower max_tokens"
         )
-    base_seed = params.seed % SEED_RANGE if params.seed is not None else self._rng.getrandbits(62)
+    return max_tokens
+
+
+# %% ../nbs/12_engine.ipynb #e0141554
+@patch
+def _completions(self: ContinuousBatchingEngine, request_id, ids, mm, params, max_tokens: int, base_seed: int, stream):
+    "The request's `n` completions: each its own sequence, seed, detokenizer and grammar matcher."
     comps = []
     for i in range(params.n):
         seq = Sequence(next(self._seq_ids), list(ids), len(ids), extra_keys=tuple(m.hash for m in mm), mm_inputs=mm)
@@ -296,20 +356,18 @@ def add_request(
                 matcher=self._matcher(params.structured_outputs),
             )
         )
-    self.requests[request_id] = comps
-    for c in comps:
-        self.by_seq[c.seq.seq_id] = c
-        self.scheduler.add(c.seq)
-    return request_id
+    return comps
 
 
-def _matcher(self, so):
+# %% ../nbs/12_engine.ipynb #0d8d0a52
+@patch
+def _matcher(self: ContinuousBatchingEngine, so):
     "A grammar matcher for structured outputs `so` (None: none); the grammar backend is built on first use."
     if so is None:
         return None
     if self.tokenizer is None:
         raise ValueError("structured outputs need the checkpoint's tokenizer")
-    if self.executor is not None:
+    if not self.executor.in_process:
         raise ValueError("structured outputs are not supported with tensor parallelism yet")
     if self._grammars is None:
         from litellama.structured_outputs import GrammarBackend
@@ -321,15 +379,9 @@ def _matcher(self, so):
     return self._grammars.matcher(so)
 
 
-ContinuousBatchingEngine.tokenize, ContinuousBatchingEngine.add_request, ContinuousBatchingEngine._matcher = (
-    tokenize,
-    add_request,
-    _matcher,
-)
-
-
 # %% ../nbs/12_engine.ipynb #a23e0001
-def process_images(self, ids: list, images: list):
+@patch
+def process_images(self: ContinuousBatchingEngine, ids: list, images: list):
     """Expand `ids`' image placeholders and run the vision tower once for `images`: `(ids, ImageInput tuple)`.
     The features stay with the request: a preempted request recomputes its KV, never its features."""
     if not hasattr(self.model, "embed_images"):
@@ -343,9 +395,6 @@ def process_images(self, ids: list, images: list):
     return encode_images(self.model, self.image_processor, ids, images, self.max_model_len, self.device)
 
 
-ContinuousBatchingEngine.process_images = process_images
-
-
 # %% ../nbs/12_engine.ipynb #e45bfb3f
 @dataclass
 class InFlightStep:
@@ -353,21 +402,19 @@ class InFlightStep:
 
     completions: list  # the sampled completions, in row order
     positions: list  # where each one's placeholder sits in its token_ids
-    token_ids: torch.Tensor  # [S] on the device: the next step takes its decode inputs from here
-    host_ids: torch.Tensor  # [S] on the host, valid once `ready` has fired
-    ready: object = None  # CUDA event after the copy (None on a CPU)
-    logprobs: tuple | None = None  # the sampler's logprob tensors, when asked for (such steps are read back at once)
+    result: StepResult  # the executor's handle: its ids (and logprobs, if asked for) once they reach the host
 
 
 # %% ../nbs/12_engine.ipynb #6faa8464
-def step(self) -> list:
+@patch
+def step(self: ContinuousBatchingEngine) -> list:
     "Schedule and launch one step, then read back the previous one's tokens: detokenize, check stops, report."
     outputs, self._pending = self._pending, []
     launched = self._launch(outputs) if self.scheduler.has_unfinished() else None
     if self._in_flight is not None:
         outputs += self._read_back(self._in_flight)
     self._in_flight = launched
-    if launched is not None and (not self.async_scheduling or launched.logprobs is not None):
+    if launched is not None and (not self.async_scheduling or launched.result.logprobs is not None):
         outputs += self._read_back(launched)
         self._in_flight = None
     outputs += self._pending
@@ -375,64 +422,84 @@ def step(self) -> list:
     return outputs
 
 
-def _launch(self, outputs: list) -> InFlightStep | None:
+# %% ../nbs/12_engine.ipynb #7b85a389
+@patch
+def _launch(self: ContinuousBatchingEngine, outputs: list) -> InFlightStep | None:
     "Run the model and the sampler on one scheduled step, leaving a placeholder for each sampled token."
     plan = self.scheduler.schedule()
-    prev = self._in_flight
-    row = lambda c: (
-        (c.params, c.seed, c.seq.token_ids[: c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids)
-        if c.needs_history
-        else (c.params, c.seed, (), c.seq.num_output_tokens, self.eos_ids)
-    )
-    if self.executor is not None:  # tensor-parallel: the ranks run model and sampler; token ids come back
-        ids, lp = self.executor.execute(
-            plan, [row(self.by_seq[s.seq_id]) for s, n in plan.scheduled if s.num_computed_tokens + n == s.num_tokens]
-        )
-    else:
-        logits, plan = self._execute(plan, prev.token_ids if prev is not None else None)
+    run = self._run_in_process if self.executor.in_process else self._run_remote
+    result, done = run(plan, outputs)
+    return self._hold_places(done, result) if result is not None else None
+
+
+@patch
+def _row(self: ContinuousBatchingEngine, c: Completion) -> tuple:
+    "The sampling row of a completion: the whole history only when its sampling needs it (penalties)."
+    if c.needs_history:
+        return c.params, c.seed, c.seq.token_ids[: c.seq.num_prompt_tokens], c.seq.output_ids, self.eos_ids
+    return c.params, c.seed, (), c.seq.num_output_tokens, self.eos_ids
+
+
+@patch
+def _update(self: ContinuousBatchingEngine, plan: SchedulerOutput) -> list:
+    "Account for a step that ran; the completions it sampled (all their tokens computed), in row order."
     self.scheduler.update(plan)
     self.num_steps += 1
-    done = [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens == s.num_tokens]
+    return [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens == s.num_tokens]
+
+
+# %% ../nbs/12_engine.ipynb #e32124c4
+@patch
+def _run_in_process(self: ContinuousBatchingEngine, plan: SchedulerOutput, outputs: list) -> tuple:
+    "`(StepResult or None, sampled completions)`: the forward, then (after any read-back it needs) the sampling."
+    prev = self._in_flight
+    width, plan = self._execute(plan, prev is not None)
+    done = self._update(plan)
     if not done:
-        return None
-    if prev is not None and any(
-        c.needs_history or c.matcher is not None for c in done
-    ):  # penalties, grammars: every token
+        return None, done
+    if prev is not None and any(c.needs_history or c.matcher is not None for c in done):  # they need every token
         outputs += self._read_back(prev)
         self._in_flight = None
-    if self.executor is None:
-        bitmask = None
-        if any(c.matcher is not None for c in done):
-            from litellama.structured_outputs import fill_bitmask
+    bitmask = None
+    if any(c.matcher is not None for c in done):
+        from litellama.structured_outputs import fill_bitmask
 
-            bitmask = fill_bitmask([c.matcher for c in done], logits.shape[-1])
-        ids, lp, done = self._sample(logits, done, [row(c) for c in done], bitmask)
-        if not done:
-            return None
-    host, ready = ids, None
-    if ids.device.type == "cuda":
-        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True).copy_(ids, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
+        bitmask = fill_bitmask([c.matcher for c in done], width)
+    return self._sample(done, [self._row(c) for c in done], bitmask)
+
+
+@patch
+def _run_remote(self: ContinuousBatchingEngine, plan: SchedulerOutput, outputs: list) -> tuple:
+    "Tensor-parallel: the ranks run model and sampler in one message; the token ids come back to the host."
+    rows = [self._row(self.by_seq[s.seq_id]) for s, n in plan.scheduled if s.num_computed_tokens + n == s.num_tokens]
+    ids, lp = self.executor.execute(plan, rows)
+    done = self._update(plan)
+    return (StepResult(ids, None, lp) if done else None), done
+
+
+# %% ../nbs/12_engine.ipynb #5964c11d
+@patch
+def _hold_places(self: ContinuousBatchingEngine, done: list, result: StepResult) -> InFlightStep:
+    "Append each sampled completion's placeholder; a sequence that must stop here whatever the token leaves now."
     positions = []
     for j, c in enumerate(done):
         token_ids = c.seq.token_ids
         positions.append(len(token_ids))
         if c.finished:
             continue  # found finished while reading back the previous step
-        token_ids.append(-1 - j)  # placeholder: row j of this step's samples
+        token_ids.append(Placeholder.id(j))
         if len(token_ids) - c.seq.num_prompt_tokens >= c.max_tokens or len(token_ids) >= self.max_model_len:
-            self.scheduler.finish(c.seq)  # it stops here whatever the token: free its blocks now
-    return InFlightStep(done, positions, ids, host, ready, lp)
+            self.scheduler.finish(c.seq)  # free its blocks now
+    return InFlightStep(done, positions, result)
 
 
-def _read_back(self, f: InFlightStep) -> list:
+# %% ../nbs/12_engine.ipynb #638f47d1
+@patch
+def _read_back(self: ContinuousBatchingEngine, f: InFlightStep) -> list:
     "Wait for `f`'s tokens, put them in place of the placeholders, and build each completion's output."
-    if f.ready is not None:
-        f.ready.synchronize()
-    outputs, ids = [], f.host_ids.tolist()
-    logprobs = logprobs_to_host(ids, f.logprobs) if f.logprobs is not None else None
-    for i, (c, pos, tok) in enumerate(zip(f.completions, f.positions, ids)):
+    ids, logprobs = f.result.wait()
+    outputs = []
+    for i, (c, pos, tok) in enumerate(zip(f.completions, f.positions, ids, strict=True)):
         if c.finished:
             continue  # stopped or aborted while this step ran: its token is dropped
         c.seq.token_ids[pos] = tok
@@ -440,7 +507,9 @@ def _read_back(self, f: InFlightStep) -> list:
     return outputs
 
 
-def _append_token(self, c: Completion, tok: int, pos: int, logprobs) -> StepOutput:
+# %% ../nbs/12_engine.ipynb #7deba04d
+@patch
+def _append_token(self: ContinuousBatchingEngine, c: Completion, tok: int, pos: int, logprobs) -> StepOutput:
     "Account for the token at `pos` of a completion, decide whether it is finished, and build its output."
     if logprobs is not None:
         c.logprobs.append(logprobs)
@@ -474,18 +543,12 @@ def _append_token(self, c: Completion, tok: int, pos: int, logprobs) -> StepOutp
     )
 
 
-def _forget(self, c: Completion):
+# %% ../nbs/12_engine.ipynb #a2ca592c
+@patch
+def _forget(self: ContinuousBatchingEngine, c: Completion):
     self.by_seq.pop(c.seq.seq_id, None)
     if all(x.finished for x in self.requests.get(c.request_id, [])):
         self.requests.pop(c.request_id, None)
-
-
-ContinuousBatchingEngine.step, ContinuousBatchingEngine._launch, ContinuousBatchingEngine._read_back = (
-    step,
-    _launch,
-    _read_back,
-)
-ContinuousBatchingEngine._append_token, ContinuousBatchingEngine._forget = _append_token, _forget
 
 
 # %% ../nbs/12_engine.ipynb #15a10002
@@ -506,13 +569,16 @@ def _culprits(items: list, run) -> list:
     return bad
 
 
-def _execute(self, plan: SchedulerOutput, prev_ids) -> tuple:
-    "`(logits, plan)`: the step's forward, with the sequences whose presence makes it fail failed and left out."
+# %% ../nbs/12_engine.ipynb #ae2eca8d
+@patch
+def _execute(self: ContinuousBatchingEngine, plan: SchedulerOutput, overlapped: bool) -> tuple:
+    "`(logits width, plan)`: the step's forward, with the sequences whose presence makes it fail failed and left out."
+    run = lambda p: self.executor.execute_model(p, overlapped)
     try:
-        return self.runner.execute(plan, prev_ids), plan
+        return run(plan), plan
     except Exception as e:
         err = e
-    bad = _culprits(plan.scheduled, lambda part: self.runner.execute(SchedulerOutput(part), prev_ids))
+    bad = _culprits(plan.scheduled, lambda part: run(SchedulerOutput(part)))
     if not bad:
         raise err
     for (seq, _), e in bad:
@@ -520,21 +586,23 @@ def _execute(self, plan: SchedulerOutput, prev_ids) -> tuple:
         if c is not None:
             self._end_request(c.request_id, "error", f"the model failed on this request: {type(e).__name__}: {e}")
     plan = SchedulerOutput([(s, n) for s, n in plan.scheduled if s.seq_id in self.by_seq], plan.preempted)
-    return (self.runner.execute(plan, prev_ids) if plan.scheduled else None), plan
+    return (run(plan) if plan.scheduled else None), plan
 
 
-def _sample(self, logits, done: list, rows: list, bitmask=None) -> tuple:
-    "`(ids, logprobs, done)`: the step's rows sampled together; the requests of rows that fail alone are failed and dropped."
-    V, dev = logits.shape[-1], logits.device
+# %% ../nbs/12_engine.ipynb #3742ab8d
+@patch
+def _sample(self: ContinuousBatchingEngine, done: list, rows: list, bitmask=None) -> tuple:
+    "`(StepResult, done)`: the rows sampled together; the requests of rows that fail alone are failed and dropped."
+    ex = self.executor
     mask = lambda js: None if bitmask is None else bitmask[js]
     try:
-        return (*sample_on_device(logits, SamplingTensors.build(rows, V, dev, bitmask)), done)
+        return ex.sample_tokens(rows, bitmask), done
     except Exception as e:
         err = e
     failed = set()
-    for j, (c, row) in enumerate(zip(done, rows)):
+    for j, (c, row) in enumerate(zip(done, rows, strict=True)):
         try:
-            sample_on_device(logits[j : j + 1], SamplingTensors.build([row], V, dev, mask([j])))
+            ex.sample_tokens([row], mask([j]), select=[j], probe=True)
         except Exception as e:
             failed.add(c.request_id)
             self._end_request(c.request_id, "error", f"sampling failed for this request: {type(e).__name__}: {e}")
@@ -542,22 +610,21 @@ def _sample(self, logits, done: list, rows: list, bitmask=None) -> tuple:
         raise err
     keep = [j for j, c in enumerate(done) if c.request_id not in failed]
     if not keep:
-        return None, None, []
-    ids, lp = sample_on_device(logits[keep], SamplingTensors.build([rows[j] for j in keep], V, dev, mask(keep)))
-    return ids, lp, [done[j] for j in keep]
-
-
-ContinuousBatchingEngine._execute, ContinuousBatchingEngine._sample = _execute, _sample
+        return None, []
+    return ex.sample_tokens([rows[j] for j in keep], mask(keep), select=keep), [done[j] for j in keep]
 
 
 # %% ../nbs/12_engine.ipynb #a88ad1fb
-def abort_request(self, request_id: str) -> bool:
+@patch
+def abort_request(self: ContinuousBatchingEngine, request_id: str) -> bool:
     "Stop a request now and free its blocks; its last output (reason 'abort') comes with the next `step()`."
     return self._end_request(request_id, "abort")
 
 
-def _end_request(self, request_id: str, reason: str, error: str | None = None) -> bool:
-    "Finish every completion of a request now with `reason` (and `error`), freeing its blocks; outputs go to `_pending`."
+# %% ../nbs/12_engine.ipynb #c0e5f31a
+@patch
+def _end_request(self: ContinuousBatchingEngine, request_id: str, reason: str, error: str | None = None) -> bool:
+    "Finish every completion of a request now with `reason` (and `error`), freeing its blocks; outputs to `_pending`."
     comps = self.requests.pop(request_id, None)
     if comps is None:
         return False
@@ -587,12 +654,15 @@ def _end_request(self, request_id: str, reason: str, error: str | None = None) -
     return True
 
 
-def has_unfinished_requests(self) -> bool:
+# %% ../nbs/12_engine.ipynb #b1c9a5ea
+@patch
+def has_unfinished_requests(self: ContinuousBatchingEngine) -> bool:
     return bool(self.requests or self._pending or self._in_flight)
 
 
-@property
-def stats(self) -> EngineStats:
+# %% ../nbs/12_engine.ipynb #1bb19ce9
+@patch(as_prop=True)
+def stats(self: ContinuousBatchingEngine) -> EngineStats:
     s, bm = self.scheduler, self.block_manager
     return EngineStats(
         s.num_preemptions,
@@ -603,10 +673,5 @@ def stats(self) -> EngineStats:
         len(s.waiting),
         s.num_chunked_prefills,
         self.num_steps,
-        self.runner.capacity_tokens,
+        self.executor.capacity_tokens,
     )
-
-
-ContinuousBatchingEngine.abort_request, ContinuousBatchingEngine._end_request = abort_request, _end_request
-ContinuousBatchingEngine.has_unfinished_requests = has_unfinished_requests
-ContinuousBatchingEngine.stats = stats
