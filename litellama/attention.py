@@ -33,6 +33,7 @@ class AttentionMetadata:
     decode_splits: tuple | None = None  # the decodes' attention plan: ([pieces, 3], [decodes + 1]) int64, see below
 
 
+# %% ../nbs/03_attention.ipynb #f610e128
 @dataclass
 class ModelInput:
     "Everything one forward step needs: plain tensors and ints, no Python objects from the engine."
@@ -139,8 +140,7 @@ class SelfAttention(nn.Module):
 def forward(self: SelfAttention, positions, x, attn: AttentionMetadata):
     T = x.shape[0]
     q, k, v = self.qkv_proj(x).split(
-        [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
-        dim=-1,
+        [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], dim=-1
     )
     q, k, v = (
         q.view(T, self.num_heads, self.head_dim),
@@ -149,14 +149,6 @@ def forward(self: SelfAttention, positions, x, attn: AttentionMetadata):
     )
     norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else ()
     q = ops.rope_and_store_kv(
-        positions,
-        q,
-        k,
-        v,
-        self.rotary.cos_sin_cache,
-        self.attn.k_cache,
-        self.attn.v_cache,
-        attn.slot_mapping,
-        *norms,
+        positions, q, k, v, self.rotary.cos_sin_cache, self.attn.k_cache, self.attn.v_cache, attn.slot_mapping, *norms
     )
     return self.o_proj(self.attn.attend(q, attn).reshape(T, -1))

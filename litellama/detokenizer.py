@@ -133,8 +133,7 @@ def take_delta(self: IncrementalDetokenizer, finished: bool) -> str:
     end = len(self.text)
     if not finished and self.stop:
         end -= max(
-            (k for s in self.stop for k in range(min(len(s) - 1, end), 0, -1) if self.text.endswith(s[:k])),
-            default=0,
+            (k for s in self.stop for k in range(min(len(s) - 1, end), 0, -1) if self.text.endswith(s[:k])), default=0
         )
     delta = self.text[self.emitted : end]
     self.emitted = max(self.emitted, end)

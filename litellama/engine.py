@@ -57,6 +57,7 @@ class StepOutput:
     error: str | None = None  # finish_reason 'error': why this request failed inside a step
 
 
+# %% ../nbs/12_engine.ipynb #3a705322
 @dataclass
 class EngineStats:
     num_preemptions: int
@@ -95,7 +96,7 @@ KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}  # auto: the model'
 
 # %% ../nbs/12_engine.ipynb #0d00101d
 class ContinuousBatchingEngine:
-    "Continuous batching over a paged KV cache: `add_request`, then `step()` until `has_unfinished_requests()` is False."
+    "Continuous batching over a paged KV cache: `add_request`, then `step()` while `has_unfinished_requests()`."
 
     def __init__(
         self,
@@ -177,10 +178,10 @@ class ContinuousBatchingEngine:
         data_parallel_size: int = 1,
         **engine_options,
     ):
-        """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
-        scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
-        `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard; with `data_parallel_size` N > 1
-        this returns a `DataParallelEngine` of N replicas."""
+        """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names
+        a scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
+        `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard; with `data_parallel_size`
+        N > 1 this returns a `DataParallelEngine` of N replicas."""
         from transformers import AutoTokenizer
 
         if data_parallel_size != 1:  # N replicas in their own processes, behind a router, with this interface
@@ -247,6 +248,7 @@ def _init_executor(self: ContinuousBatchingEngine, executor=None):
         ex.capture_cuda_graphs(sc.max_num_seqs, self.max_model_len)
 
 
+# %% ../nbs/12_engine.ipynb #7bfea34b
 @patch(as_prop=True)
 def runner(self: ContinuousBatchingEngine):
     "The executor's model runner (rank 0's when tensor-parallel), to inspect; steps go through `executor`."
@@ -432,6 +434,7 @@ def _launch(self: ContinuousBatchingEngine, outputs: list) -> InFlightStep | Non
     return self._hold_places(done, result) if result is not None else None
 
 
+# %% ../nbs/12_engine.ipynb #a4527a49
 @patch
 def _row(self: ContinuousBatchingEngine, c: Completion) -> tuple:
     "The sampling row of a completion: the whole history only when its sampling needs it (penalties)."
@@ -440,6 +443,7 @@ def _row(self: ContinuousBatchingEngine, c: Completion) -> tuple:
     return c.params, c.seed, (), c.seq.num_output_tokens, self.eos_ids
 
 
+# %% ../nbs/12_engine.ipynb #6c25fc11
 @patch
 def _update(self: ContinuousBatchingEngine, plan: SchedulerOutput) -> list:
     "Account for a step that ran; the completions it sampled (all their tokens computed), in row order."
@@ -468,6 +472,7 @@ def _run_in_process(self: ContinuousBatchingEngine, plan: SchedulerOutput, outpu
     return self._sample(done, [self._row(c) for c in done], bitmask)
 
 
+# %% ../nbs/12_engine.ipynb #5402cdbe
 @patch
 def _run_remote(self: ContinuousBatchingEngine, plan: SchedulerOutput, outputs: list) -> tuple:
     "Tensor-parallel: the ranks run model and sampler in one message; the token ids come back to the host."

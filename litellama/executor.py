@@ -74,18 +74,8 @@ class InProcessExecutor:
         gpu_memory_utilization: float = 0.9,
         kv_cache_dtype: torch.dtype | None = None,
     ):
-        self.runner = ModelRunner(
-            model,
-            config,
-            block_size,
-            num_blocks,
-            device,
-            dtype,
-            max_num_batched_tokens,
-            kv_cache_memory,
-            gpu_memory_utilization,
-            kv_cache_dtype,
-        )
+        args = (block_size, num_blocks, device, dtype, max_num_batched_tokens, kv_cache_memory, gpu_memory_utilization)
+        self.runner = ModelRunner(model, config, *args, kv_cache_dtype)
         self._logits = self._last_ids = None  # this step's logits, the last sampled step's ids (device tensors)
         self._pinned, self._events, self._flip = [None, None], [None, None], 0  # two host buffers, in turn
 
@@ -186,6 +176,7 @@ class _NewTokens:
         return self.ids[s.start - self.start : s.stop - self.start]
 
 
+# %% ../nbs/26_executor.ipynb #3c34aabf
 @dataclass(eq=False)
 class _StepSeq:
     seq_id: int
@@ -196,6 +187,7 @@ class _StepSeq:
     mm_inputs: tuple = ()  # images travel in-process only (tensor parallelism takes text)
 
 
+# %% ../nbs/26_executor.ipynb #879be265
 def plan_of(msg: StepMessage) -> SchedulerOutput:
     "The `SchedulerOutput` a worker runs for `msg`."
     seqs = [
@@ -211,6 +203,7 @@ def pair_sampleable(st: SamplingTensors) -> bool:
     return st.output_counts is None and st.filtered is None and st.num_logprobs < 0 and st.banned is None
 
 
+# %% ../nbs/26_executor.ipynb #39f56638
 def sample_parallel(logits: torch.Tensor, rows: list, vocab: int) -> tuple:
     """Sample from this rank's logit columns `[S, ceil(V/N)]`: `(ids, logprobs)` like `sample_on_device`, equal on
     every rank."""
@@ -259,18 +252,8 @@ class Worker:
             model_dir, rank, size, dtype, device, quantization
         )
         dt = self.model.model.embed_tokens.weight.dtype
-        self.runner = ModelRunner(
-            self.model,
-            self.rank_config,
-            block_size,
-            num_kv_blocks,
-            device,
-            dt,
-            max_num_batched_tokens,
-            kv_cache_memory,
-            gpu_memory_utilization,
-            kv_cache_dtype,
-        )
+        opts = (block_size, num_kv_blocks, device, dt, max_num_batched_tokens, kv_cache_memory, gpu_memory_utilization)
+        self.runner = ModelRunner(self.model, self.rank_config, *opts, kv_cache_dtype)
         self._agree_on_blocks(block_size)
         self.fail_at = _fault_injection(rank)
 
@@ -324,6 +307,7 @@ def _report_error(rank: int, e: BaseException):
         pass
 
 
+# %% ../nbs/26_executor.ipynb #e6f78acd
 def worker_loop(worker: Worker):
     "Ranks > 0: execute every message rank 0 broadcasts until it sends `None`."
     while True:
@@ -337,6 +321,7 @@ def worker_loop(worker: Worker):
             worker.runner.capture_cuda_graphs(*args)
 
 
+# %% ../nbs/26_executor.ipynb #b5fe8fd7
 def run_rank(rank: int, size: int, init: dict, model_dir, options: dict):
     "The body of a rank > 0 process: join, load the shard, serve steps; on any error report it and exit."
     torch.set_num_threads(max(1, torch.get_num_threads() // size))
@@ -413,6 +398,7 @@ def _join_torchrun(self: MultiprocExecutor, env: dict, model_dir, opts: dict) ->
     return init
 
 
+# %% ../nbs/26_executor.ipynb #8bbfc641
 @patch
 def _spawn(self: MultiprocExecutor, master_port, model_dir, opts: dict) -> dict:
     "Start ranks 1 … N-1 as child processes; rank 0's init options."

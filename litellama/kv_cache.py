@@ -64,6 +64,7 @@ def block_hash(parent, token_ids, extra_keys=()) -> int:
     return hash((parent, tuple(token_ids), tuple(extra_keys)))
 
 
+# %% ../nbs/08_kv_cache.ipynb #6e53b61e
 @dataclass(eq=False)
 class Block:
     block_id: int

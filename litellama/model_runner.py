@@ -60,6 +60,7 @@ class PagedKVCache:
         return self.k.nbytes + self.v.nbytes
 
 
+# %% ../nbs/11_model_runner.ipynb #60b2a6f3
 def paged_kv_cache(
     layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype, device
 ) -> PagedKVCache:
@@ -126,9 +127,10 @@ def _new_cache(self: ModelRunner, num_blocks: int):
     )
 
 
+# %% ../nbs/11_model_runner.ipynb #6d7c6137
 @patch
 def _num_blocks(self: ModelRunner, num_blocks, kv_cache_memory, max_num_batched_tokens: int, utilization) -> int:
-    "The blocks the cache gets: `num_blocks` if given, else as many as `kv_cache_memory` (or the measured budget) holds."
+    "The blocks the cache gets: `num_blocks` if given, else as many as fit `kv_cache_memory` (or the measured budget)."
     if num_blocks is None:
         if kv_cache_memory is None:
             kv_cache_memory = self._profile_free_memory(max_num_batched_tokens, utilization)
@@ -159,6 +161,7 @@ def _profile_free_memory(self: ModelRunner, max_tokens: int, utilization: float)
     return int(total * utilization - peak)
 
 
+# %% ../nbs/11_model_runner.ipynb #77e4df6c
 @patch(as_prop=True)
 def capacity_tokens(self: ModelRunner):
     return self.num_blocks * self.block_size
@@ -181,6 +184,7 @@ def warm_up(self: ModelRunner, max_num_batched_tokens: int):
         torch.cuda.synchronize(self.device)
 
 
+# %% ../nbs/11_model_runner.ipynb #3ca851fa
 @patch
 def _prompts(self: ModelRunner, tokens: int) -> list:
     "Chunks of dummy prompts holding `tokens` tokens, none longer than the model's positions, all reading block 0."
@@ -209,6 +213,7 @@ def prepare(self: ModelRunner, plan: SchedulerOutput) -> ModelInput:
     )
 
 
+# %% ../nbs/11_model_runner.ipynb #50848f2c
 @patch
 def _block_table(self: ModelRunner, seq):
     "`seq`'s block table as an array, converted again only when it grew or was replaced (after a preemption)."
@@ -218,6 +223,7 @@ def _block_table(self: ModelRunner, seq):
     return held[1]
 
 
+# %% ../nbs/11_model_runner.ipynb #75856b06
 @patch
 def graph_size(self: ModelRunner, n: int) -> int | None:
     "The batch size of the captured CUDA graph that runs a decode step of `n` sequences; None if none does."
