@@ -1,4 +1,4 @@
-"""Turn a growing list of token ids into text deltas that are always valid UTF-8, never cut a stop string in half, and never emit it.
+"""Token ids in, text deltas out: always valid UTF-8, never cutting a stop string in half, never emitting it.
 
 Docs: https://litellama.github.io/litellama/nbs/detokenizer.html.md"""
 
@@ -9,6 +9,8 @@ __all__ = ["IncrementalDetokenizer"]
 
 # %% ../nbs/10_detokenizer.ipynb #4c3ae150
 import itertools
+
+from .utils import patch
 
 _stagger = itertools.count()  # spreads lazy detokenizers' chunks over different steps
 
@@ -40,81 +42,99 @@ class IncrementalDetokenizer:
         self._backend = backend
         self._stream = self._open_stream(ctx) if self._fast is not None else None
 
-    def _open_stream(self, ctx):
-        "The Rust tokenizer's `DecodeStream`, continuing after the ids `ctx`; None with an older `tokenizers` (windows are decoded here instead)."
-        try:
-            from tokenizers.decoders import DecodeStream
 
-            return DecodeStream(ids=ctx or None, skip_special_tokens=self.skip)
-        except (ImportError, TypeError):
-            return None
+# %% ../nbs/10_detokenizer.ipynb #09e215dd
+@patch
+def _open_stream(self: IncrementalDetokenizer, ctx):
+    """The Rust tokenizer's `DecodeStream`, continuing after the ids `ctx`; None with an older `tokenizers` (windows
+    are decoded here instead)."""
+    try:
+        from tokenizers.decoders import DecodeStream
 
-    def _decode(self, ids):
-        if self._fast is not None:
-            return self._fast(ids, skip_special_tokens=self.skip)
-        return self.tok.decode(ids, skip_special_tokens=self.skip)
+        return DecodeStream(ids=ctx or None, skip_special_tokens=self.skip)
+    except (ImportError, TypeError):
+        return None
 
-    def _catch_up(self):
-        "Lazy: the text of the held tokens in one window; token by token instead where the window cuts a character (`�`)."
-        before, whole = self._decode(self.ids[self.prefix : self.read]), self._decode(self.ids[self.prefix :])
-        if "\ufffd" not in whole and "\ufffd" not in before:
-            self.text += whole[len(before) :]
-            self.prefix, self.read = len(self.ids) - 1, len(self.ids)  # as after emitting the window's last token
-            if self._stream is not None:
-                self._stream = self._open_stream(self.ids[-6:])
-        else:
-            held = self.ids[self._fed :]
-            del self.ids[self._fed :]
-            for t in held:
-                self.ids.append(t)
-                self._step()
-        self._fed, self._due = len(self.ids), len(self.ids) + self.LAZY_CHUNK
 
-    def add_token(self, token_id: int) -> bool:
-        "Append one generated token; returns True when a stop string has been found (text is cut before it)."
-        self.ids.append(token_id)
-        if not self.lazy:
-            return self._step()
-        if len(self.ids) >= self._due:
-            self._catch_up()
-        return False
+# %% ../nbs/10_detokenizer.ipynb #1e5a8775
+@patch
+def _decode(self: IncrementalDetokenizer, ids):
+    if self._fast is not None:
+        return self._fast(ids, skip_special_tokens=self.skip)
+    return self.tok.decode(ids, skip_special_tokens=self.skip)
 
-    def _step(self) -> bool:
-        "Decode the last id of `ids` in its window; release the new text once it ends on a whole character."
-        self._fed = len(self.ids)
+
+# %% ../nbs/10_detokenizer.ipynb #85abdaa8
+@patch
+def _catch_up(self: IncrementalDetokenizer):
+    "Lazy: the text of the held tokens in one window; token by token instead where the window cuts a character (`�`)."
+    before, whole = self._decode(self.ids[self.prefix : self.read]), self._decode(self.ids[self.prefix :])
+    if "\ufffd" not in whole and "\ufffd" not in before:
+        self.text += whole[len(before) :]
+        self.prefix, self.read = len(self.ids) - 1, len(self.ids)  # as after emitting the window's last token
         if self._stream is not None:
-            piece = self._stream.step(self._backend, self.ids[-1])
-        else:
-            before = self._decode(self.ids[self.prefix : self.read])
-            after = self._decode(self.ids[self.prefix :])
-            ready = len(after) > len(before) and (not after.endswith("\ufffd") or len(self.ids) - self.read >= 8)
-            piece = after[len(before) :] if ready else None
-        if piece:
-            start = max(len(self.text) - self._longest_stop + 1, 0)
-            self.text += piece
-            self.prefix, self.read = self.read, len(self.ids)
-            for s in self.stop:
-                pos = self.text.find(s, start)
-                if pos >= 0:
-                    self.text, self.stopped = self.text[:pos], True
-        return self.stopped
+            self._stream = self._open_stream(self.ids[-6:])
+    else:
+        held = self.ids[self._fed :]
+        del self.ids[self._fed :]
+        for t in held:
+            self.ids.append(t)
+            self._step()
+    self._fed, self._due = len(self.ids), len(self.ids) + self.LAZY_CHUNK
 
-    def take_delta(self, finished: bool) -> str:
-        "New text since the last call; while unfinished, keeps back a tail that could begin a stop string."
-        if self.lazy:
-            if not finished:
-                return ""
-            self._catch_up()
-            self.lazy = False
-        if finished and not self.stopped and self.read < len(self.ids):  # flush bytes that never completed a character
-            self.text += self._decode(self.ids[self.prefix :])[len(self._decode(self.ids[self.prefix : self.read])) :]
-            self.prefix = self.read = len(self.ids)
-        end = len(self.text)
-        if not finished and self.stop:
-            end -= max(
-                (k for s in self.stop for k in range(min(len(s) - 1, end), 0, -1) if self.text.endswith(s[:k])),
-                default=0,
-            )
-        delta = self.text[self.emitted : end]
-        self.emitted = max(self.emitted, end)
-        return delta
+
+# %% ../nbs/10_detokenizer.ipynb #1ab8d47a
+@patch
+def add_token(self: IncrementalDetokenizer, token_id: int) -> bool:
+    "Append one generated token; returns True when a stop string has been found (text is cut before it)."
+    self.ids.append(token_id)
+    if not self.lazy:
+        return self._step()
+    if len(self.ids) >= self._due:
+        self._catch_up()
+    return False
+
+
+# %% ../nbs/10_detokenizer.ipynb #48709153
+@patch
+def _step(self: IncrementalDetokenizer) -> bool:
+    "Decode the last id of `ids` in its window; release the new text once it ends on a whole character."
+    self._fed = len(self.ids)
+    if self._stream is not None:
+        piece = self._stream.step(self._backend, self.ids[-1])
+    else:
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        ready = len(after) > len(before) and (not after.endswith("\ufffd") or len(self.ids) - self.read >= 8)
+        piece = after[len(before) :] if ready else None
+    if piece:
+        start = max(len(self.text) - self._longest_stop + 1, 0)
+        self.text += piece
+        self.prefix, self.read = self.read, len(self.ids)
+        for s in self.stop:
+            pos = self.text.find(s, start)
+            if pos >= 0:
+                self.text, self.stopped = self.text[:pos], True
+    return self.stopped
+
+
+# %% ../nbs/10_detokenizer.ipynb #2cef044c
+@patch
+def take_delta(self: IncrementalDetokenizer, finished: bool) -> str:
+    "New text since the last call; while unfinished, keeps back a tail that could begin a stop string."
+    if self.lazy:
+        if not finished:
+            return ""
+        self._catch_up()
+        self.lazy = False
+    if finished and not self.stopped and self.read < len(self.ids):  # flush bytes that never completed a character
+        self.text += self._decode(self.ids[self.prefix :])[len(self._decode(self.ids[self.prefix : self.read])) :]
+        self.prefix = self.read = len(self.ids)
+    end = len(self.text)
+    if not finished and self.stop:
+        end -= max(
+            (k for s in self.stop for k in range(min(len(s) - 1, end), 0, -1) if self.text.endswith(s[:k])), default=0
+        )
+    delta = self.text[self.emitted : end]
+    self.emitted = max(self.emitted, end)
+    return delta

@@ -1,4 +1,4 @@
-"""The engine schedules once and hands each step, as plain data, to an executor; every tensor-parallel rank runs the same `ModelRunner` on its shard of the weights and of the KV cache, the ranks agree on each sampled token by exchanging one (value, index) pair per row, and rank 0's token ids come back.
+"""The engine hands each step, as plain data, to an executor that owns the device; in process, or one rank per shard.
 
 Docs: https://litellama.github.io/litellama/nbs/executor.html.md"""
 
@@ -6,6 +6,8 @@ Docs: https://litellama.github.io/litellama/nbs/executor.html.md"""
 
 # %% auto #0
 __all__ = [
+    "StepResult",
+    "InProcessExecutor",
     "StepMessage",
     "plan_of",
     "pair_sampleable",
@@ -28,37 +30,139 @@ import torch.distributed as dist
 
 from . import distributed as D
 from .distributed import DistributedError
+from .kernels.reference import uniform_noise
+from .model_input import Placeholder
 from .model_runner import ModelRunner, paged_kv_cache
 from .parallel_layers import load_sharded_model
-from .kernels.reference import uniform_noise
-from .sampling import SamplingTensors, sample_on_device
+from .sampling import SamplingTensors, logprobs_to_host, sample_on_device
 from .scheduler import SchedulerOutput
+from .utils import patch
+
+
+# %% ../nbs/26_executor.ipynb #53c994da
+class StepResult:
+    "A step's sampled ids on their way to the host; `wait()` gives `(ids, logprobs)` as host lists (logprobs: None)."
+
+    __slots__ = ("host", "ready", "logprobs")
+
+    def __init__(self, host: torch.Tensor, ready=None, logprobs: tuple | None = None):
+        self.host, self.ready, self.logprobs = host, ready, logprobs  # ready: a CUDA event recorded after the copy
+
+    def wait(self) -> tuple:
+        if self.ready is not None:
+            self.ready.synchronize()
+        ids = self.host.tolist()
+        return ids, logprobs_to_host(ids, self.logprobs) if self.logprobs is not None else None
+
+
+# %% ../nbs/26_executor.ipynb #b6c3cdda
+class InProcessExecutor:
+    "The worker in the engine's process: the `ModelRunner` (model, KV cache, CUDA graphs), the last sampled ids."
+
+    in_process = True  # the engine overlaps steps and applies grammars only here
+
+    def __init__(
+        self,
+        model,
+        config,
+        block_size: int,
+        num_blocks: int | None,
+        device,
+        dtype,
+        max_num_batched_tokens: int,
+        kv_cache_memory: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_dtype: torch.dtype | None = None,
+    ):
+        args = (block_size, num_blocks, device, dtype, max_num_batched_tokens, kv_cache_memory, gpu_memory_utilization)
+        self.runner = ModelRunner(model, config, *args, kv_cache_dtype)
+        self._logits = self._last_ids = None  # this step's logits, the last sampled step's ids (device tensors)
+        self._pinned, self._events, self._flip = [None, None], [None, None], 0  # two host buffers, in turn
+
+    num_blocks = property(lambda self: self.runner.num_blocks)
+    capacity_tokens = property(lambda self: self.runner.capacity_tokens)
+    kv_cache = property(lambda self: self.runner.kv_cache)
+
+    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int):
+        self.runner.capture_cuda_graphs(max_num_seqs, max_model_len)
+
+    def shutdown(self):
+        "Nothing to stop: the worker is this process."
+
+    def execute(self, plan: SchedulerOutput, rows: list) -> tuple:
+        "Run one step and sample it, read back at once: `(ids, logprobs)` on the host, as `MultiprocExecutor.execute`."
+        self.execute_model(plan)
+        ids, lp = sample_on_device(
+            self._logits, SamplingTensors.build(rows, self._logits.shape[-1], self._logits.device)
+        )
+        return ids.cpu(), tuple(t.cpu() for t in lp) if lp is not None else None
+
+
+# %% ../nbs/26_executor.ipynb #e1e762a9
+@patch
+def execute_model(self: InProcessExecutor, plan: SchedulerOutput, overlapped: bool = False) -> int:
+    """Run the forward of `plan`, keeping its logits here; returns their width (vocabulary columns). `overlapped`:
+    the plan's placeholders stand for rows of the last sampled step."""
+    self._logits = self.runner.execute(plan, self._last_ids if overlapped else None)
+    return self._logits.shape[-1]
+
+
+# %% ../nbs/26_executor.ipynb #2333abb4
+@patch
+def sample_tokens(self: InProcessExecutor, rows: list, bitmask=None, select: list | None = None, probe: bool = False):
+    """Sample the kept logits (rows `select`, default all) under the sampling `rows`: a `StepResult`. With `probe`,
+    only see whether sampling succeeds: nothing is kept and None comes back."""
+    logits = self._logits if select is None else self._logits[select]
+    ids, lp = sample_on_device(logits, SamplingTensors.build(rows, logits.shape[-1], logits.device, bitmask))
+    if probe:
+        return None
+    self._last_ids = ids
+    return self._to_host(ids, lp)
+
+
+# %% ../nbs/26_executor.ipynb #604bbf48
+@patch
+def _to_host(self: InProcessExecutor, ids: torch.Tensor, logprobs) -> StepResult:
+    "Start copying `ids` to the host, into the next of two reused pinned buffers, with an event after the copy."
+    if ids.device.type != "cuda":
+        return StepResult(ids, None, logprobs)
+    i, n = self._flip, len(ids)
+    self._flip ^= 1
+    if self._pinned[i] is None or len(self._pinned[i]) < n:
+        self._pinned[i] = torch.empty(max(n, 64), dtype=ids.dtype, pin_memory=True)
+        self._events[i] = torch.cuda.Event()
+    host = self._pinned[i][:n].copy_(ids, non_blocking=True)
+    self._events[i].record()
+    return StepResult(host, self._events[i], logprobs)
 
 
 # %% ../nbs/26_executor.ipynb #1289975b
 @dataclass
 class StepMessage:
-    "One step as plain data: per sequence `(new token ids, start, block table, wants logits)`, per sampled row its sampling row."
+    """One step as plain data: per sequence `(new token ids, start, block table, wants logits)`, per sampled row its
+    sampling row."""
 
     chunks: list
     rows: list
     keep_logits: bool = False
 
-    @classmethod
-    def from_plan(cls, plan: SchedulerOutput, rows: list, keep_logits: bool = False) -> "StepMessage":
-        "Read a scheduler's plan (before `Scheduler.update`) into a message."
-        chunks = [
-            (
-                seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n],
-                seq.num_computed_tokens,
-                list(seq.block_table),
-                seq.num_computed_tokens + n == seq.num_tokens,
-            )
-            for seq, n in plan.scheduled
-        ]
-        if any(t < 0 for ids, *_ in chunks for t in ids):
-            raise DistributedError("a step message cannot carry placeholder ids (overlapped steps)")
-        return cls(chunks, rows, keep_logits)
+
+# %% ../nbs/26_executor.ipynb #84c87568
+@patch(cls_method=True)
+def from_plan(cls: StepMessage, plan: SchedulerOutput, rows: list, keep_logits: bool = False) -> "StepMessage":
+    "Read a scheduler's plan (before `Scheduler.update`) into a message."
+    chunks = [
+        (
+            seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n],
+            seq.num_computed_tokens,
+            list(seq.block_table),
+            seq.num_computed_tokens + n == seq.num_tokens,
+        )
+        for seq, n in plan.scheduled
+    ]
+    if any(Placeholder.is_placeholder(t) for ids, *_ in chunks for t in ids):
+        raise DistributedError("a step message cannot carry placeholder ids (overlapped steps)")
+    return cls(chunks, rows, keep_logits)
 
 
 # %% ../nbs/26_executor.ipynb #8535a066
@@ -72,6 +176,7 @@ class _NewTokens:
         return self.ids[s.start - self.start : s.stop - self.start]
 
 
+# %% ../nbs/26_executor.ipynb #3c34aabf
 @dataclass(eq=False)
 class _StepSeq:
     seq_id: int
@@ -82,6 +187,7 @@ class _StepSeq:
     mm_inputs: tuple = ()  # images travel in-process only (tensor parallelism takes text)
 
 
+# %% ../nbs/26_executor.ipynb #879be265
 def plan_of(msg: StepMessage) -> SchedulerOutput:
     "The `SchedulerOutput` a worker runs for `msg`."
     seqs = [
@@ -97,8 +203,10 @@ def pair_sampleable(st: SamplingTensors) -> bool:
     return st.output_counts is None and st.filtered is None and st.num_logprobs < 0 and st.banned is None
 
 
+# %% ../nbs/26_executor.ipynb #39f56638
 def sample_parallel(logits: torch.Tensor, rows: list, vocab: int) -> tuple:
-    "Sample from this rank's logit columns `[S, ceil(V/N)]`: `(ids, logprobs)` like `sample_on_device`, equal on every rank."
+    """Sample from this rank's logit columns `[S, ceil(V/N)]`: `(ids, logprobs)` like `sample_on_device`, equal on
+    every rank."""
     n, r = D.tp_size(), D.tp_rank()
     st = SamplingTensors.build(rows, vocab, logits.device)
     if n == 1:
@@ -144,28 +252,9 @@ class Worker:
             model_dir, rank, size, dtype, device, quantization
         )
         dt = self.model.model.embed_tokens.weight.dtype
-        self.runner = ModelRunner(
-            self.model,
-            self.rank_config,
-            block_size,
-            num_kv_blocks,
-            device,
-            dt,
-            max_num_batched_tokens,
-            kv_cache_memory,
-            gpu_memory_utilization,
-            kv_cache_dtype,
-        )
-        n = D.all_reduce_min(self.runner.num_blocks)
-        if n < self.runner.num_blocks:  # another rank has less room: shrink to its size
-            r, c = self.runner, self.rank_config
-            r.num_blocks, r.kv_cache = (
-                n,
-                paged_kv_cache(
-                    c.num_hidden_layers, n, block_size, c.num_key_value_heads, r.head_dim, r.kv_cache_dtype, r.device
-                ),
-            )
-            self.model.bind_kv_cache(r.kv_cache)
+        opts = (block_size, num_kv_blocks, device, dt, max_num_batched_tokens, kv_cache_memory, gpu_memory_utilization)
+        self.runner = ModelRunner(self.model, self.rank_config, *opts, kv_cache_dtype)
+        self._agree_on_blocks(block_size)
         self.fail_at = _fault_injection(rank)
 
     def execute(self, msg: StepMessage) -> tuple:
@@ -179,6 +268,23 @@ class Worker:
         return ids, lp, full
 
 
+# %% ../nbs/26_executor.ipynb #352abc92
+@patch
+def _agree_on_blocks(self: Worker, block_size: int):
+    "Every rank keeps the smallest block count of all, so that one block table fits every shard."
+    n = D.all_reduce_min(self.runner.num_blocks)
+    if n < self.runner.num_blocks:  # another rank has less room: shrink to its size
+        r, c = self.runner, self.rank_config
+        r.num_blocks, r.kv_cache = (
+            n,
+            paged_kv_cache(
+                c.num_hidden_layers, n, block_size, c.num_key_value_heads, r.head_dim, r.kv_cache_dtype, r.device
+            ),
+        )
+        self.model.bind_kv_cache(r.kv_cache)
+
+
+# %% ../nbs/26_executor.ipynb #2e59b141
 def _fault_injection(rank: int):
     "`LITELLAMA_TP_FAIL=rank:step`: make that rank raise on that step (for failure tests)."
     spec = os.environ.get("LITELLAMA_TP_FAIL")
@@ -201,6 +307,7 @@ def _report_error(rank: int, e: BaseException):
         pass
 
 
+# %% ../nbs/26_executor.ipynb #e6f78acd
 def worker_loop(worker: Worker):
     "Ranks > 0: execute every message rank 0 broadcasts until it sends `None`."
     while True:
@@ -214,6 +321,7 @@ def worker_loop(worker: Worker):
             worker.runner.capture_cuda_graphs(*args)
 
 
+# %% ../nbs/26_executor.ipynb #b5fe8fd7
 def run_rank(rank: int, size: int, init: dict, model_dir, options: dict):
     "The body of a rank > 0 process: join, load the shard, serve steps; on any error report it and exit."
     torch.set_num_threads(max(1, torch.get_num_threads() // size))
@@ -236,6 +344,8 @@ def run_rank(rank: int, size: int, init: dict, model_dir, options: dict):
 class MultiprocExecutor:
     "Tensor-parallel execution over `tensor_parallel_size` ranks; this process is rank 0."
 
+    in_process = False  # one message runs model and sampler on every rank: steps are not overlapped
+
     def __init__(
         self, model_dir, tensor_parallel_size: int, dtype, device, *, master_port: int | None = None, **options
     ):
@@ -251,25 +361,9 @@ class MultiprocExecutor:
         env = D.torchrun_env()
         device = torch.device(device)
         opts = dict(options, device=str(device.type), dtype=dtype)
-        if env is not None:  # torchrun: every rank is already running this code
-            if env["world_size"] != tensor_parallel_size:
-                raise DistributedError(
-                    f"torchrun started {env['world_size']} ranks but tensor_parallel_size is {tensor_parallel_size}"
-                )
-            init = dict(
-                master_addr=env["master_addr"],
-                master_port=env["master_port"],
-                local_rank=env["local_rank"],
-                init_method="env://",
-            )
-            if env["rank"] != 0:
-                run_rank(env["rank"], self.size, init, model_dir, opts)
-                raise SystemExit(0)
-        else:
-            port = master_port or D.free_port()
-            D.check_port_free(port)
-            init = dict(master_addr="127.0.0.1", master_port=port)
-            self.procs = D.spawn_ranks(run_rank, self.size, self.size, dict(init), model_dir, dict(opts))
+        init = (
+            self._join_torchrun(env, model_dir, opts) if env is not None else self._spawn(master_port, model_dir, opts)
+        )
         atexit.register(self.shutdown)
         init.pop("local_rank", None)
         if device.type == "cuda":
@@ -285,73 +379,120 @@ class MultiprocExecutor:
     capacity_tokens = property(lambda self: self.runner.capacity_tokens)
     kv_cache = property(lambda self: self.runner.kv_cache)
 
-    def _check_children(self):
-        for r, p in enumerate(self.procs, 1):
-            if p.exitcode is not None:
-                raise DistributedError(f"tensor-parallel rank {r} exited (code {p.exitcode})")
 
-    def execute(self, plan: SchedulerOutput, rows: list) -> tuple:
-        "Run one scheduled step on every rank: rank 0's sampled ids (host) and logprobs."
-        if self.closed:
-            raise DistributedError("the tensor-parallel executor is shut down")
-        try:
-            self._check_children()
-            msg = StepMessage.from_plan(plan, rows, self.keep_logits)
-            D.broadcast_object(("step", msg))
-            ids, lp, full = self.worker.execute(msg)
-            self.last_logits = full
-            return ids.cpu(), tuple(t.cpu() for t in lp) if lp is not None else None
-        except BaseException as e:
-            self._fail(e)
+# %% ../nbs/26_executor.ipynb #cb0bb66a
+@patch
+def _join_torchrun(self: MultiprocExecutor, env: dict, model_dir, opts: dict) -> dict:
+    "Under torchrun every rank runs this code: ranks > 0 serve steps here and exit; rank 0 gets its init options."
+    if env["world_size"] != self.size:
+        raise DistributedError(f"torchrun started {env['world_size']} ranks but tensor_parallel_size is {self.size}")
+    init = dict(
+        master_addr=env["master_addr"],
+        master_port=env["master_port"],
+        local_rank=env["local_rank"],
+        init_method="env://",
+    )
+    if env["rank"] != 0:
+        run_rank(env["rank"], self.size, init, model_dir, opts)
+        raise SystemExit(0)
+    return init
 
-    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int):
-        try:
-            D.broadcast_object(("capture", (max_num_seqs, max_model_len)))
-            self.runner.capture_cuda_graphs(max_num_seqs, max_model_len)
-        except BaseException as e:
-            self._fail(e)
 
-    def _peer_error(self, wait_s: float = 3.0) -> str | None:
-        "The line a failed rank left in the store, waiting a little for it to arrive."
+# %% ../nbs/26_executor.ipynb #8bbfc641
+@patch
+def _spawn(self: MultiprocExecutor, master_port, model_dir, opts: dict) -> dict:
+    "Start ranks 1 … N-1 as child processes; rank 0's init options."
+    port = master_port or D.free_port()
+    D.check_port_free(port)
+    init = dict(master_addr="127.0.0.1", master_port=port)
+    self.procs = D.spawn_ranks(run_rank, self.size, self.size, dict(init), model_dir, dict(opts))
+    return init
+
+
+# %% ../nbs/26_executor.ipynb #7a51aae1
+@patch
+def _check_children(self: MultiprocExecutor):
+    for r, p in enumerate(self.procs, 1):
+        if p.exitcode is not None:
+            raise DistributedError(f"tensor-parallel rank {r} exited (code {p.exitcode})")
+
+
+# %% ../nbs/26_executor.ipynb #db60dd18
+@patch
+def execute(self: MultiprocExecutor, plan: SchedulerOutput, rows: list) -> tuple:
+    "Run one scheduled step on every rank: rank 0's sampled ids (host) and logprobs."
+    if self.closed:
+        raise DistributedError("the tensor-parallel executor is shut down")
+    try:
+        self._check_children()
+        msg = StepMessage.from_plan(plan, rows, self.keep_logits)
+        D.broadcast_object(("step", msg))
+        ids, lp, full = self.worker.execute(msg)
+        self.last_logits = full
+        return ids.cpu(), tuple(t.cpu() for t in lp) if lp is not None else None
+    except BaseException as e:
+        self._fail(e)
+
+
+# %% ../nbs/26_executor.ipynb #0105ab01
+@patch
+def capture_cuda_graphs(self: MultiprocExecutor, max_num_seqs: int, max_model_len: int):
+    try:
+        D.broadcast_object(("capture", (max_num_seqs, max_model_len)))
+        self.runner.capture_cuda_graphs(max_num_seqs, max_model_len)
+    except BaseException as e:
+        self._fail(e)
+
+
+# %% ../nbs/26_executor.ipynb #89fa9e64
+@patch
+def _peer_error(self: MultiprocExecutor, wait_s: float = 3.0) -> str | None:
+    "The line a failed rank left in the store, waiting a little for it to arrive."
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
         try:
-            store = dist.distributed_c10d._get_default_store()
+            if store.check([_ERROR_KEY]):
+                return store.get(_ERROR_KEY).decode()
         except Exception:
             return None
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                if store.check([_ERROR_KEY]):
-                    return store.get(_ERROR_KEY).decode()
-            except Exception:
-                return None
-            if self.procs and all(p.exitcode is not None for p in self.procs) and not store.check([_ERROR_KEY]):
-                return None
-            time.sleep(0.05)
-        return None
+        if self.procs and all(p.exitcode is not None for p in self.procs) and not store.check([_ERROR_KEY]):
+            return None
+        time.sleep(0.05)
+    return None
 
-    def _fail(self, e: BaseException):
-        "Stop every rank and raise one line naming what failed."
-        why = self._peer_error() if not isinstance(e, KeyboardInterrupt) else None
-        self.shutdown(graceful=False)
-        if isinstance(e, KeyboardInterrupt):
-            raise e
-        raise DistributedError(why or f"tensor-parallel rank 0 failed: {type(e).__name__}: {e}") from e
 
-    def shutdown(self, graceful: bool = True):
-        "Tell the ranks to stop, leave the process groups, and reap every child."
-        if self.closed:
-            return
-        self.closed = True
-        if graceful:
-            try:
-                D.broadcast_object(None)
-            except Exception:
-                pass
-        D.stop_ranks(self.procs, timeout_s=5.0 if graceful else 0.5)
+# %% ../nbs/26_executor.ipynb #5b9738d4
+@patch
+def _fail(self: MultiprocExecutor, e: BaseException):
+    "Stop every rank and raise one line naming what failed."
+    why = self._peer_error() if not isinstance(e, KeyboardInterrupt) else None
+    self.shutdown(graceful=False)
+    if isinstance(e, KeyboardInterrupt):
+        raise e
+    raise DistributedError(why or f"tensor-parallel rank 0 failed: {type(e).__name__}: {e}") from e
+
+
+# %% ../nbs/26_executor.ipynb #d3544201
+@patch
+def shutdown(self: MultiprocExecutor, graceful: bool = True):
+    "Tell the ranks to stop, leave the process groups, and reap every child."
+    if self.closed:
+        return
+    self.closed = True
+    if graceful:
         try:
-            D.destroy_distributed()
+            D.broadcast_object(None)
         except Exception:
-            D._STATE = None
+            pass
+    D.stop_ranks(self.procs, timeout_s=5.0 if graceful else 0.5)
+    try:
+        D.destroy_distributed()
+    except Exception:
+        D._STATE = None
 
 
 # %% ../nbs/26_executor.ipynb #02485345

@@ -1,4 +1,4 @@
-"""A pool of fixed-size blocks with reference counts, a block table per sequence, and a chained hash over full blocks so that requests sharing a prefix share its blocks.
+"""Fixed-size blocks with reference counts, a block table per sequence, and a chained hash that shares prefixes.
 
 Docs: https://litellama.github.io/litellama/nbs/kv_cache.html.md"""
 
@@ -10,6 +10,9 @@ __all__ = ["Sequence", "block_hash", "Block", "BlockManager"]
 # %% ../nbs/08_kv_cache.ipynb #f601f4c0
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from .model_input import Placeholder
+from .utils import patch
 
 
 # %% ../nbs/08_kv_cache.ipynb #cba93e85
@@ -26,25 +29,33 @@ class Sequence:
     extra_keys: tuple = ()  # e.g. image hashes: part of every block's identity
     mm_inputs: tuple = ()  # its images (multimodal.ImageInput): token spans and features
 
-    @property
-    def num_tokens(self):
-        return len(self.token_ids)
 
-    @property
-    def num_output_tokens(self):
-        return len(self.token_ids) - self.num_prompt_tokens
+# %% ../nbs/08_kv_cache.ipynb #15961592
+@patch(as_prop=True)
+def num_tokens(self: Sequence):
+    return len(self.token_ids)
 
-    @property
-    def output_ids(self):
-        return self.token_ids[self.num_prompt_tokens :]
 
-    @property
-    def num_known_tokens(self) -> int:
-        "Tokens whose ids are known: all but the trailing placeholders, tokens sampled on the device and not read back yet."
-        n = len(self.token_ids)
-        while n and self.token_ids[n - 1] < 0:
-            n -= 1
-        return n
+# %% ../nbs/08_kv_cache.ipynb #0b101c0c
+@patch(as_prop=True)
+def num_output_tokens(self: Sequence):
+    return len(self.token_ids) - self.num_prompt_tokens
+
+
+# %% ../nbs/08_kv_cache.ipynb #3ff43e5b
+@patch(as_prop=True)
+def output_ids(self: Sequence):
+    return self.token_ids[self.num_prompt_tokens :]
+
+
+# %% ../nbs/08_kv_cache.ipynb #087d893c
+@patch(as_prop=True)
+def num_known_tokens(self: Sequence) -> int:
+    "Tokens whose ids are known: all but the trailing placeholders, tokens sampled on the device and not read back yet."
+    n = len(self.token_ids)
+    while n and Placeholder.is_placeholder(self.token_ids[n - 1]):
+        n -= 1
+    return n
 
 
 # %% ../nbs/08_kv_cache.ipynb #8f01cf6e
@@ -53,6 +64,7 @@ def block_hash(parent, token_ids, extra_keys=()) -> int:
     return hash((parent, tuple(token_ids), tuple(extra_keys)))
 
 
+# %% ../nbs/08_kv_cache.ipynb #6e53b61e
 @dataclass(eq=False)
 class Block:
     block_id: int
@@ -71,79 +83,101 @@ class BlockManager:
         self.free = OrderedDict((i, None) for i in range(num_blocks))  # LRU order, front evicted first
         self.cached = {}  # hash -> block id
 
-    @property
-    def num_free_blocks(self):
-        return len(self.free)
 
-    @property
-    def num_total_blocks(self):
-        return len(self.blocks)
+# %% ../nbs/08_kv_cache.ipynb #a00dae91
+@patch(as_prop=True)
+def num_free_blocks(self: BlockManager):
+    return len(self.free)
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
 
-    def lookup_prefix(self, seq: Sequence) -> list:
-        "Cached blocks holding `seq`'s longest prefix of full blocks, leaving at least one token to compute."
-        if not self.enable_prefix_caching:
-            return []
-        hits, parent, bs = [], None, self.block_size
-        for i in range((seq.num_tokens - 1) // bs):  # never the block holding the last token
-            toks = seq.token_ids[i * bs : (i + 1) * bs]
-            parent = block_hash(parent, toks, seq.extra_keys)
-            bid = self.cached.get(parent)
-            if bid is None or self.blocks[bid].token_ids != tuple(toks):
-                break
-            hits.append(bid)
-        return hits
+# %% ../nbs/08_kv_cache.ipynb #288555a3
+@patch(as_prop=True)
+def num_total_blocks(self: BlockManager):
+    return len(self.blocks)
 
-    def can_allocate(self, seq: Sequence, num_tokens: int, hits=()) -> bool:
-        "Are there free blocks for `seq` to hold `num_tokens` tokens, after taking the prefix `hits`?"
-        need = self.blocks_needed(num_tokens) - len(seq.block_table) - len(hits)
-        if not hits:
-            return need <= len(self.free)
-        return need + sum(1 for b in hits if self.blocks[b].ref_count == 0) <= len(self.free)
 
-    def allocate(self, seq: Sequence, num_tokens: int, hits=()) -> None:
-        "Give `seq` the prefix `hits` (shared) and fresh blocks until it can hold `num_tokens` tokens."
-        for bid in hits:
-            b = self.blocks[bid]
-            if b.ref_count == 0:
-                del self.free[bid]
-            b.ref_count += 1
-            seq.block_table.append(bid)
-        if hits:
-            seq.num_cached_blocks = len(hits)
-            seq.num_computed_tokens = len(hits) * self.block_size
-        while len(seq.block_table) < self.blocks_needed(num_tokens):
-            bid, _ = self.free.popitem(last=False)
-            b = self.blocks[bid]
-            if b.hash is not None and self.cached.get(b.hash) == bid:
-                del self.cached[b.hash]  # evict
-            b.ref_count, b.hash, b.token_ids = 1, None, ()
-            seq.block_table.append(bid)
+# %% ../nbs/08_kv_cache.ipynb #16230952
+@patch
+def blocks_needed(self: BlockManager, num_tokens: int) -> int:
+    return -(-num_tokens // self.block_size)
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        "Register `seq`'s newly completed (computed and full) blocks in the prefix cache."
-        if not self.enable_prefix_caching:
-            return
-        bs, n = self.block_size, seq.num_computed_tokens
-        if n // bs <= seq.num_cached_blocks:
-            return  # no block completed since the last call (most steps)
-        n = min(n, seq.num_known_tokens)  # a block is hashed once all its ids are known
-        parent = self.blocks[seq.block_table[seq.num_cached_blocks - 1]].hash if seq.num_cached_blocks else None
-        for i in range(seq.num_cached_blocks, n // bs):
-            toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            b = self.blocks[seq.block_table[i]]
-            b.hash, b.token_ids = block_hash(parent, toks, seq.extra_keys), toks
-            self.cached.setdefault(b.hash, b.block_id)
-            parent = b.hash
-        seq.num_cached_blocks = max(seq.num_cached_blocks, n // bs)
 
-    def free_seq(self, seq: Sequence) -> None:
-        "Release `seq`'s blocks, last block first so that a prefix's tail is evicted before its head."
-        for bid in reversed(seq.block_table):
-            b = self.blocks[bid]
-            b.ref_count -= 1
-            if b.ref_count == 0:
-                self.free[bid] = None
-        seq.block_table, seq.num_computed_tokens, seq.num_cached_blocks = [], 0, 0
+# %% ../nbs/08_kv_cache.ipynb #8e6f2d06
+@patch
+def lookup_prefix(self: BlockManager, seq: Sequence) -> list:
+    "Cached blocks holding `seq`'s longest prefix of full blocks, leaving at least one token to compute."
+    if not self.enable_prefix_caching:
+        return []
+    hits, parent, bs = [], None, self.block_size
+    for i in range((seq.num_tokens - 1) // bs):  # never the block holding the last token
+        toks = seq.token_ids[i * bs : (i + 1) * bs]
+        parent = block_hash(parent, toks, seq.extra_keys)
+        bid = self.cached.get(parent)
+        if bid is None or self.blocks[bid].token_ids != tuple(toks):
+            break
+        hits.append(bid)
+    return hits
+
+
+# %% ../nbs/08_kv_cache.ipynb #bd4dd23a
+@patch
+def can_allocate(self: BlockManager, seq: Sequence, num_tokens: int, hits=()) -> bool:
+    "Are there free blocks for `seq` to hold `num_tokens` tokens, after taking the prefix `hits`?"
+    need = self.blocks_needed(num_tokens) - len(seq.block_table) - len(hits)
+    if not hits:
+        return need <= len(self.free)
+    return need + sum(1 for b in hits if self.blocks[b].ref_count == 0) <= len(self.free)
+
+
+# %% ../nbs/08_kv_cache.ipynb #00702506
+@patch
+def allocate(self: BlockManager, seq: Sequence, num_tokens: int, hits=()) -> None:
+    "Give `seq` the prefix `hits` (shared) and fresh blocks until it can hold `num_tokens` tokens."
+    for bid in hits:
+        b = self.blocks[bid]
+        if b.ref_count == 0:
+            del self.free[bid]
+        b.ref_count += 1
+        seq.block_table.append(bid)
+    if hits:
+        seq.num_cached_blocks = len(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+    while len(seq.block_table) < self.blocks_needed(num_tokens):
+        bid, _ = self.free.popitem(last=False)
+        b = self.blocks[bid]
+        if b.hash is not None and self.cached.get(b.hash) == bid:
+            del self.cached[b.hash]  # evict
+        b.ref_count, b.hash, b.token_ids = 1, None, ()
+        seq.block_table.append(bid)
+
+
+# %% ../nbs/08_kv_cache.ipynb #9f7d4ab1
+@patch
+def cache_full_blocks(self: BlockManager, seq: Sequence) -> None:
+    "Register `seq`'s newly completed (computed and full) blocks in the prefix cache."
+    if not self.enable_prefix_caching:
+        return
+    bs, n = self.block_size, seq.num_computed_tokens
+    if n // bs <= seq.num_cached_blocks:
+        return  # no block completed since the last call (most steps)
+    n = min(n, seq.num_known_tokens)  # a block is hashed once all its ids are known
+    parent = self.blocks[seq.block_table[seq.num_cached_blocks - 1]].hash if seq.num_cached_blocks else None
+    for i in range(seq.num_cached_blocks, n // bs):
+        toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+        b = self.blocks[seq.block_table[i]]
+        b.hash, b.token_ids = block_hash(parent, toks, seq.extra_keys), toks
+        self.cached.setdefault(b.hash, b.block_id)
+        parent = b.hash
+    seq.num_cached_blocks = max(seq.num_cached_blocks, n // bs)
+
+
+# %% ../nbs/08_kv_cache.ipynb #5b0ec50c
+@patch
+def free_seq(self: BlockManager, seq: Sequence) -> None:
+    "Release `seq`'s blocks, last block first so that a prefix's tail is evicted before its head."
+    for bid in reversed(seq.block_table):
+        b = self.blocks[bid]
+        b.ref_count -= 1
+        if b.ref_count == 0:
+            self.free[bid] = None
+    seq.block_table, seq.num_computed_tokens, seq.num_cached_blocks = [], 0, 0

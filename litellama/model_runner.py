@@ -1,4 +1,4 @@
-"""Owns the model and its KV cache on the device: sizes the cache, turns a scheduler's plan into a `ModelInput`, runs the forward step.
+"""Owns the model and its KV cache on the device: sizes the cache, builds each step's input, runs the forward step.
 
 Docs: https://litellama.github.io/litellama/nbs/model_runner.html.md"""
 
@@ -14,11 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .attention import AttentionMetadata, ModelInput, build_model_input
+from .attention import AttentionMetadata, ModelInput
 from .kernels.decode_attention import SplitPlanner
 from .layers import head_dim
+from .model_input import build_model_input, fill_placeholders
+from .model_input import graph_size as _graph_size
 from .multimodal import image_embeds, mrope_step_positions
 from .scheduler import SchedulerOutput
+from .utils import patch
 
 
 # %% ../nbs/11_model_runner.ipynb #cd3857a0
@@ -36,13 +39,14 @@ def kv_bytes_per_token(config, dtype) -> int:
 # %% ../nbs/11_model_runner.ipynb #4b4d1348
 @dataclass
 class PagedKVCache:
-    "K and V of every layer, each `[layers, num_blocks, block_size, kv_heads, head_dim]`; iterating yields each layer's `(k_cache, v_cache)`."
+    """K and V of every layer, each `[layers, num_blocks, block_size, kv_heads, head_dim]`; iterating yields each
+    layer's `(k_cache, v_cache)`."""
 
     k: torch.Tensor
     v: torch.Tensor
 
     def __iter__(self):
-        return zip(self.k, self.v)
+        return zip(self.k, self.v, strict=True)
 
     def __len__(self):
         return len(self.k)
@@ -56,6 +60,7 @@ class PagedKVCache:
         return self.k.nbytes + self.v.nbytes
 
 
+# %% ../nbs/11_model_runner.ipynb #60b2a6f3
 def paged_kv_cache(
     layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype, device
 ) -> PagedKVCache:
@@ -70,7 +75,7 @@ def paged_kv_cache(
     return PagedKVCache(k, v)
 
 
-# %% ../nbs/11_model_runner.ipynb #e01f7b25
+# %% ../nbs/11_model_runner.ipynb #94540444
 class ModelRunner:
     "Runs `model` over a paged KV cache of `num_blocks` blocks on `device`."
 
@@ -87,49 +92,86 @@ class ModelRunner:
         gpu_memory_utilization: float = 0.9,
         kv_cache_dtype: torch.dtype | None = None,
     ):
-        self.model, self.config, self.block_size, self.device, self.dtype = (
-            model,
-            config,
-            block_size,
-            torch.device(device),
-            dtype,
-        )
+        self.model, self.config, self.block_size = model, config, block_size
+        self.device, self.dtype = torch.device(device), dtype
         self.kv_cache_dtype = kv_cache_dtype or dtype
         self.head_dim = head_dim(config)
         from litellama.kernels.registry import ops
 
-        ops.configure(
-            self.device.type, self.head_dim
-        )  # kernels chosen for these heads: a forced one that cannot take them fails now
+        ops.configure(self.device.type, self.head_dim)  # a forced kernel that cannot take these heads fails now
         self.split_planner = SplitPlanner(
             config.num_key_value_heads, self.head_dim, dtype, self.device, self.kv_cache_dtype
         )
         self._tables = {}  # seq_id -> (its block_table list, that list as an array)
         self.graphs, self.graph_sizes = {}, []  # CUDA graphs by batch size, once captured
-        per_block = kv_bytes_per_token(config, self.kv_cache_dtype) * block_size
-        if num_blocks is None:
-            if kv_cache_memory is None:
-                kv_cache_memory = self._profile_free_memory(max_num_batched_tokens, gpu_memory_utilization)
-            num_blocks = int(kv_cache_memory // per_block)
-        if num_blocks < 1:
-            raise ValueError("no memory left for the KV cache: lower max_num_batched_tokens or raise the memory budget")
-        self.num_blocks = num_blocks
-        self.kv_cache = paged_kv_cache(
-            config.num_hidden_layers,
-            num_blocks,
-            block_size,
-            config.num_key_value_heads,
-            self.head_dim,
-            self.kv_cache_dtype,
-            self.device,
-        )
+        self.num_blocks = self._num_blocks(num_blocks, kv_cache_memory, max_num_batched_tokens, gpu_memory_utilization)
+        self.kv_cache = self._new_cache(self.num_blocks)
         model.bind_kv_cache(self.kv_cache)
         if self.device.type == "cuda":
             self.warm_up(max_num_batched_tokens)
 
-    @torch.inference_mode()
-    def warm_up(self, max_num_batched_tokens: int):
-        "Run one eager forward per token-count bucket, a long-context decode, a wide decode batch and a mixed step, storing nothing."
+
+# %% ../nbs/11_model_runner.ipynb #288af5fa
+@patch
+def _new_cache(self: ModelRunner, num_blocks: int):
+    "A zeroed cache of `num_blocks` blocks for this model's layers and kv heads."
+    c = self.config
+    return paged_kv_cache(
+        c.num_hidden_layers,
+        num_blocks,
+        self.block_size,
+        c.num_key_value_heads,
+        self.head_dim,
+        self.kv_cache_dtype,
+        self.device,
+    )
+
+
+# %% ../nbs/11_model_runner.ipynb #6d7c6137
+@patch
+def _num_blocks(self: ModelRunner, num_blocks, kv_cache_memory, max_num_batched_tokens: int, utilization) -> int:
+    "The blocks the cache gets: `num_blocks` if given, else as many as fit `kv_cache_memory` (or the measured budget)."
+    if num_blocks is None:
+        if kv_cache_memory is None:
+            kv_cache_memory = self._profile_free_memory(max_num_batched_tokens, utilization)
+        num_blocks = int(kv_cache_memory // (kv_bytes_per_token(self.config, self.kv_cache_dtype) * self.block_size))
+    if num_blocks < 1:
+        raise ValueError("no memory left for the KV cache: lower max_num_batched_tokens or raise the memory budget")
+    return num_blocks
+
+
+# %% ../nbs/11_model_runner.ipynb #6d8c23a3
+@patch
+def _profile_free_memory(self: ModelRunner, max_tokens: int, utilization: float) -> int:
+    "Bytes available for the cache: a fixed 1 GiB on a CPU; on a GPU measured around a worst-case step."
+    if self.device.type != "cuda":
+        return 1 << 30
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(self.device)
+    probe = self._new_cache(1)
+    self.model.bind_kv_cache(probe)
+    mi = build_model_input(self._prompts(max(1, max_tokens)), self.block_size, self.device)
+    mi.attn.slot_mapping.fill_(-1)  # the probe cache has one block: store nothing
+    with torch.inference_mode():
+        self.model(mi)
+    torch.cuda.synchronize(self.device)
+    peak, total = torch.cuda.max_memory_allocated(self.device), torch.cuda.mem_get_info(self.device)[1]
+    del probe
+    torch.cuda.empty_cache()
+    return int(total * utilization - peak)
+
+
+# %% ../nbs/11_model_runner.ipynb #77e4df6c
+@patch(as_prop=True)
+def capacity_tokens(self: ModelRunner):
+    return self.num_blocks * self.block_size
+
+
+# %% ../nbs/11_model_runner.ipynb #ff2c56c9
+@patch
+def warm_up(self: ModelRunner, max_num_batched_tokens: int):
+    "One eager forward per token-count bucket, a long decode, a wide decode batch and a mixed step; stores nothing."
+    with torch.inference_mode():
         bs, n, L = self.block_size, max(1, max_num_batched_tokens), self.config.max_position_embeddings
         table = lambda tokens: [0] * -(-tokens // bs)
         steps = [self._prompts(t) for t in sorted({min(2**i + 1, n) for i in range(n.bit_length() + 1)} | {1, n})]
@@ -141,82 +183,62 @@ class ModelRunner:
             self.model(mi)
         torch.cuda.synchronize(self.device)
 
-    def _prompts(self, tokens: int) -> list:
-        "Chunks of dummy prompts holding `tokens` tokens, none longer than the model's positions, all reading block 0."
-        L = self.config.max_position_embeddings
-        return [
-            ([0] * min(L, tokens - i), 0, [0] * -(-min(L, tokens - i) // self.block_size)) for i in range(0, tokens, L)
-        ]
 
-    def _profile_free_memory(self, max_tokens: int, utilization: float) -> int:
-        "Bytes available for the cache: a fixed 1 GiB on a CPU; on a GPU measured around a worst-case step."
-        if self.device.type != "cuda":
-            return 1 << 30
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        probe = paged_kv_cache(
-            self.config.num_hidden_layers,
-            1,
-            self.block_size,
-            self.config.num_key_value_heads,
-            self.head_dim,
-            self.kv_cache_dtype,
-            self.device,
+# %% ../nbs/11_model_runner.ipynb #3ca851fa
+@patch
+def _prompts(self: ModelRunner, tokens: int) -> list:
+    "Chunks of dummy prompts holding `tokens` tokens, none longer than the model's positions, all reading block 0."
+    L = self.config.max_position_embeddings
+    return [([0] * min(L, tokens - i), 0, [0] * -(-min(L, tokens - i) // self.block_size)) for i in range(0, tokens, L)]
+
+
+# %% ../nbs/11_model_runner.ipynb #0d928416
+@patch
+def prepare(self: ModelRunner, plan: SchedulerOutput) -> ModelInput:
+    "The `ModelInput` of `plan`; logits only for sequences whose scheduled tokens reach their end."
+    chunks = [
+        (
+            seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n],
+            seq.num_computed_tokens,
+            self._block_table(seq),
         )
-        self.model.bind_kv_cache(probe)
-        mi = build_model_input(self._prompts(max(1, max_tokens)), self.block_size, self.device)
-        mi.attn.slot_mapping.fill_(-1)  # the probe cache has one block: store nothing
-        with torch.inference_mode():
-            self.model(mi)
-        torch.cuda.synchronize(self.device)
-        peak, total = torch.cuda.max_memory_allocated(self.device), torch.cuda.mem_get_info(self.device)[1]
-        del probe
-        torch.cuda.empty_cache()
-        return int(total * utilization - peak)
+        for seq, n in plan.scheduled
+    ]
+    if len(self._tables) > 2 * len(chunks) + 256:  # forget sequences that left
+        live = {seq.seq_id for seq, _ in plan.scheduled}
+        self._tables = {k: v for k, v in self._tables.items() if k in live}
+    done = [seq.num_computed_tokens + n == seq.num_tokens for seq, n in plan.scheduled]
+    return build_model_input(
+        chunks, self.block_size, self.device, done, split_planner=self.split_planner, graph_sizes=self.graph_sizes
+    )
 
-    @property
-    def capacity_tokens(self):
-        return self.num_blocks * self.block_size
 
-    def prepare(self, plan: SchedulerOutput) -> ModelInput:
-        "The `ModelInput` of `plan`; logits only for sequences whose scheduled tokens reach their end."
-        chunks = [
-            (
-                seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n],
-                seq.num_computed_tokens,
-                self._block_table(seq),
-            )
-            for seq, n in plan.scheduled
-        ]
-        if len(self._tables) > 2 * len(chunks) + 256:  # forget sequences that left
-            live = {seq.seq_id for seq, _ in plan.scheduled}
-            self._tables = {k: v for k, v in self._tables.items() if k in live}
-        done = [seq.num_computed_tokens + n == seq.num_tokens for seq, n in plan.scheduled]
-        return build_model_input(chunks, self.block_size, self.device, logits_for=done, plan_decode=self._plan_decode)
+# %% ../nbs/11_model_runner.ipynb #50848f2c
+@patch
+def _block_table(self: ModelRunner, seq):
+    "`seq`'s block table as an array, converted again only when it grew or was replaced (after a preemption)."
+    held = self._tables.get(seq.seq_id)
+    if held is None or held[0] is not seq.block_table or len(held[1]) != len(seq.block_table):
+        self._tables[seq.seq_id] = held = (seq.block_table, np.asarray(seq.block_table, dtype=np.int64))
+    return held[1]
 
-    def _block_table(self, seq):
-        "`seq`'s block table as an array, converted again only when it grew or was replaced (after a preemption)."
-        held = self._tables.get(seq.seq_id)
-        if held is None or held[0] is not seq.block_table or len(held[1]) != len(seq.block_table):
-            self._tables[seq.seq_id] = held = (seq.block_table, np.asarray(seq.block_table, dtype=np.int64))
-        return held[1]
 
-    def _plan_decode(self, seq_lens: list, decodes_only: bool):
-        "The decodes' attention plan; padded to the CUDA graph that will run it, if one will: a step of decodes only."
-        return self.split_planner(seq_lens, pad_to_batch=self.graph_size(len(seq_lens)) if decodes_only else None)
+# %% ../nbs/11_model_runner.ipynb #75856b06
+@patch
+def graph_size(self: ModelRunner, n: int) -> int | None:
+    "The batch size of the captured CUDA graph that runs a decode step of `n` sequences; None if none does."
+    return _graph_size(self.graph_sizes, n)
 
-    def graph_size(self, n: int) -> int | None:
-        "The batch size of the captured CUDA graph that runs a decode step of `n` sequences; None if none does."
-        return next((b for b in self.graph_sizes if b >= n), None)
 
-    @torch.inference_mode()
-    def execute(self, plan: SchedulerOutput, prev_token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Run one step; logits for the sequences that complete (in plan order). A token id `-1 - j` in the plan is
-        a placeholder for `prev_token_ids[j]`, a token the previous step sampled that the host has not read yet."""
+# %% ../nbs/11_model_runner.ipynb #227cd822
+@patch
+def execute(self: ModelRunner, plan: SchedulerOutput, prev_token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Run one step; logits for the sequences that complete (in plan order). A placeholder token id in the plan
+    stands for its row of `prev_token_ids`, a token the previous step sampled that the host has not read yet."""
+    with torch.inference_mode():
         mi = self.prepare(plan)
         if prev_token_ids is not None:
-            ids = mi.input_ids
-            mi.input_ids = torch.where(ids < 0, prev_token_ids[(-1 - ids).clamp_(min=0)], ids)
+            mi.input_ids = fill_placeholders(mi.input_ids, prev_token_ids)
         if any(seq.mm_inputs for seq, _ in plan.scheduled):
             mi.inputs_embeds = image_embeds(self.model, mi.input_ids, plan.scheduled)  # None when no image token runs
             if getattr(self.model, "uses_mrope", False):
@@ -225,71 +247,88 @@ class ModelRunner:
             return self._replay(mi)
         return self.model(mi)
 
-    @torch.inference_mode()
-    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int):
-        "Record one CUDA graph per decode batch size (1, 2, 4, 8, then multiples of 16), all sharing one memory pool."
+
+# %% ../nbs/11_model_runner.ipynb #128d20d4
+@patch
+def _alloc_static(self: ModelRunner, n: int, width: int):
+    "The static input buffers the graphs read: `n` rows, block tables `width` wide."
+    dev = self.device
+    self.static = dict(
+        input_ids=torch.zeros(n, dtype=torch.int64, device=dev),
+        positions=torch.zeros(n, dtype=torch.int64, device=dev),
+        slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=dev),
+        seq_lens=torch.zeros(n, dtype=torch.int32, device=dev),
+        block_tables=torch.zeros(n, width, dtype=torch.int32, device=dev),
+        logits_indices=torch.arange(n, device=dev),
+        split_rows=torch.full((self.split_planner.capacity(n), 3), -1, dtype=torch.int64, device=dev),
+        cu_splits=torch.zeros(n + 1, dtype=torch.int64, device=dev),
+    )
+
+
+# %% ../nbs/11_model_runner.ipynb #115ae111
+@patch
+def capture_cuda_graphs(self: ModelRunner, max_num_seqs: int, max_model_len: int):
+    "Record one CUDA graph per decode batch size (1, 2, 4, 8, then multiples of 16), all sharing one memory pool."
+    with torch.inference_mode():
         from litellama.kernels.registry import graphs_supported
 
         ok, why = graphs_supported(self.device.type, self.head_dim)
         if not ok:
-            warnings.warn(f"litellama: decode steps run eagerly, without CUDA graphs ({why})")
+            warnings.warn(f"litellama: decode steps run eagerly, without CUDA graphs ({why})", stacklevel=2)
             return
         sizes = [b for b in (1, 2, 4, 8) if b <= max_num_seqs] + list(range(16, max_num_seqs + 1, 16))
         if sizes[-1] < max_num_seqs:
             sizes.append(max_num_seqs)
-        n, width, dev = sizes[-1], -(-max_model_len // self.block_size), self.device
-        self.static = dict(
-            input_ids=torch.zeros(n, dtype=torch.int64, device=dev),
-            positions=torch.zeros(n, dtype=torch.int64, device=dev),
-            slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=dev),
-            seq_lens=torch.zeros(n, dtype=torch.int32, device=dev),
-            block_tables=torch.zeros(n, width, dtype=torch.int32, device=dev),
-            logits_indices=torch.arange(n, device=dev),
-            split_rows=torch.full((self.split_planner.capacity(n), 3), -1, dtype=torch.int64, device=dev),
-            cu_splits=torch.zeros(n + 1, dtype=torch.int64, device=dev),
-        )
+        self._alloc_static(sizes[-1], -(-max_model_len // self.block_size))
         self.graph_sizes, self.graphs, pool = sizes, {}, None
         for bs in reversed(sizes):
             mi = self._static_input(bs)
             self.model(mi)
-            torch.cuda.synchronize(dev)  # compile kernels and warm up outside the graph
+            torch.cuda.synchronize(self.device)  # compile kernels and warm up outside the graph
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
                 out = self.model(mi)
             pool = g.pool()
             self.graphs[bs] = (g, out)
-        torch.cuda.synchronize(dev)
+        torch.cuda.synchronize(self.device)
 
-    def _static_input(self, bs: int) -> ModelInput:
-        s = self.static
-        splits = (s["split_rows"][: self.split_planner.capacity(bs)], s["cu_splits"][: bs + 1])
-        attn = AttentionMetadata(
-            s["slot_mapping"][:bs],
-            s["seq_lens"][:bs],
-            s["block_tables"][:bs],
-            torch.zeros(1, dtype=torch.int32, device=self.device),
-            0,
-            0,
-            0,
-            splits,
-        )
-        return ModelInput(s["input_ids"][:bs], s["positions"][:bs], attn, s["logits_indices"][:bs])
 
-    def _replay(self, mi: ModelInput) -> torch.Tensor:
-        "Copy a decode step into the static buffers of the smallest captured size that fits, replay, return its logits."
-        n = len(mi.input_ids)
-        bs = self.graph_size(n)
-        s, w = self.static, mi.attn.block_tables.shape[1]
-        s["input_ids"][:n].copy_(mi.input_ids)
-        s["positions"][:n].copy_(mi.positions)
-        s["slot_mapping"][:n].copy_(mi.attn.slot_mapping)
-        s["slot_mapping"][n:bs].fill_(-1)
-        s["seq_lens"][:n].copy_(mi.attn.seq_lens)
-        s["seq_lens"][n:bs].fill_(0)
-        s["block_tables"][:n, :w].copy_(mi.attn.block_tables)
-        rows, cu = mi.attn.decode_splits  # planned for this graph: padded to its rows and batch
-        s["split_rows"][: len(rows)].copy_(rows)
-        s["cu_splits"][: len(cu)].copy_(cu)
-        g, out = self.graphs[bs]
-        g.replay()
-        return out[:n]
+# %% ../nbs/11_model_runner.ipynb #d588e515
+@patch
+def _static_input(self: ModelRunner, bs: int) -> ModelInput:
+    "The first `bs` rows of the static buffers as a decode step's `ModelInput`."
+    s = self.static
+    splits = (s["split_rows"][: self.split_planner.capacity(bs)], s["cu_splits"][: bs + 1])
+    attn = AttentionMetadata(
+        s["slot_mapping"][:bs],
+        s["seq_lens"][:bs],
+        s["block_tables"][:bs],
+        torch.zeros(1, dtype=torch.int32, device=self.device),
+        0,
+        0,
+        0,
+        splits,
+    )
+    return ModelInput(s["input_ids"][:bs], s["positions"][:bs], attn, s["logits_indices"][:bs])
+
+
+# %% ../nbs/11_model_runner.ipynb #54c926f0
+@patch
+def _replay(self: ModelRunner, mi: ModelInput) -> torch.Tensor:
+    "Copy a decode step into the static buffers of the smallest captured size that fits, replay, return its logits."
+    n = len(mi.input_ids)
+    bs = self.graph_size(n)
+    s, w = self.static, mi.attn.block_tables.shape[1]
+    s["input_ids"][:n].copy_(mi.input_ids)
+    s["positions"][:n].copy_(mi.positions)
+    s["slot_mapping"][:n].copy_(mi.attn.slot_mapping)
+    s["slot_mapping"][n:bs].fill_(-1)
+    s["seq_lens"][:n].copy_(mi.attn.seq_lens)
+    s["seq_lens"][n:bs].fill_(0)
+    s["block_tables"][:n, :w].copy_(mi.attn.block_tables)
+    rows, cu = mi.attn.decode_splits  # planned for this graph: padded to its rows and batch
+    s["split_rows"][: len(rows)].copy_(rows)
+    s["cu_splits"][: len(cu)].copy_(cu)
+    g, out = self.graphs[bs]
+    g.replay()
+    return out[:n]

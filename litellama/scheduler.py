@@ -1,4 +1,4 @@
-"""Each step, decide which sequences run and how many of their tokens, under a token budget and a block budget — and make room by preempting when the cache is full.
+"""Each step: which sequences run, and how many of their tokens, under a token and a block budget; preempt for room.
 
 Docs: https://litellama.github.io/litellama/nbs/scheduler.html.md"""
 
@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .kv_cache import BlockManager, Sequence
+from .utils import patch
 
 
 # %% ../nbs/09_scheduler.ipynb #1525496f
@@ -22,12 +23,17 @@ class SchedulerOutput:
     scheduled: list = field(default_factory=list)
     preempted: list = field(default_factory=list)
 
-    @property
-    def num_tokens(self):
-        return sum(n for _, n in self.scheduled)
 
-    def is_decode(self, seq, n):
-        return n == 1 and seq.num_computed_tokens > 0
+# %% ../nbs/09_scheduler.ipynb #dce4c9c1
+@patch(as_prop=True)
+def num_tokens(self: SchedulerOutput):
+    return sum(n for _, n in self.scheduled)
+
+
+# %% ../nbs/09_scheduler.ipynb #a46b8ba9
+@patch
+def is_decode(self: SchedulerOutput, seq, n):
+    return n == 1 and seq.num_computed_tokens > 0
 
 
 # %% ../nbs/09_scheduler.ipynb #0e0dc891
@@ -39,76 +45,112 @@ class Scheduler:
         self.waiting, self.running = deque(), []
         self.num_preemptions = self.num_prefix_hit_tokens = self.num_chunked_prefills = 0
 
-    def add(self, seq: Sequence):
-        self.waiting.append(seq)
 
-    def has_unfinished(self):
-        return bool(self.waiting or self.running)
+# %% ../nbs/09_scheduler.ipynb #0061f3e2
+@patch
+def add(self: Scheduler, seq: Sequence):
+    self.waiting.append(seq)
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput):
-        "Free `seq`'s blocks; it will recompute from the start, ahead of every newer request."
-        self.running.pop() if self.running[-1] is seq else self.running.remove(seq)
-        self.bm.free_seq(seq)
-        self.waiting.appendleft(seq)
-        out.preempted.append(seq)
-        self.num_preemptions += 1
 
-    def schedule(self) -> SchedulerOutput:
-        out, budget = SchedulerOutput(), self.max_num_batched_tokens
-        # 1. running sequences, oldest first: each gets the tokens it is missing
-        i = 0
-        bs, only_decodes = self.bm.block_size, True
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if n == 1 and 0 < seq.num_computed_tokens < len(seq.block_table) * bs:  # a decode whose slot is allocated
-                out.scheduled.append((seq, 1))
-                budget -= 1
-                i += 1
-                continue
-            only_decodes = only_decodes and out.is_decode(seq, n)
-            victim = None
-            while victim is not seq and not self.bm.can_allocate(seq, seq.num_computed_tokens + n):
-                victim = self.running[-1]  # the newest goes first
-                self._preempt(victim, out)
-            if victim is seq:
-                break
-            self.bm.allocate(seq, seq.num_computed_tokens + n)
-            out.scheduled.append((seq, n))
-            budget -= n
+# %% ../nbs/09_scheduler.ipynb #7438e33a
+@patch
+def has_unfinished(self: Scheduler):
+    return bool(self.waiting or self.running)
+
+
+# %% ../nbs/09_scheduler.ipynb #8c81caa4
+@patch
+def _preempt(self: Scheduler, seq: Sequence, out: SchedulerOutput):
+    "Free `seq`'s blocks; it will recompute from the start, ahead of every newer request."
+    self.running.pop() if self.running[-1] is seq else self.running.remove(seq)
+    self.bm.free_seq(seq)
+    self.waiting.appendleft(seq)
+    out.preempted.append(seq)
+    self.num_preemptions += 1
+
+
+# %% ../nbs/09_scheduler.ipynb #55009466
+@patch
+def schedule(self: Scheduler) -> SchedulerOutput:
+    "This step's plan: the running sequences' missing tokens first, then waiting ones, within the token budget."
+    out = SchedulerOutput()
+    budget, only_decodes = self._schedule_running(out, self.max_num_batched_tokens)
+    if self._schedule_waiting(out, budget):
+        only_decodes = False
+    if not out.scheduled and self.waiting:
+        raise RuntimeError(f"sequence {self.waiting[0].seq_id} needs more KV blocks than the whole cache holds")
+    if not only_decodes:
+        self.num_chunked_prefills += sum(seq.num_computed_tokens + n < seq.num_tokens for seq, n in out.scheduled)
+        out.scheduled.sort(key=lambda sn: out.is_decode(*sn))  # stable: prefills first, then decodes
+    return out
+
+
+# %% ../nbs/09_scheduler.ipynb #e5206a52
+@patch
+def _schedule_running(self: Scheduler, out: SchedulerOutput, budget: int) -> tuple:
+    """Running sequences, oldest first, each the tokens it is missing, preempting the newest for room:
+    `(budget left, only decodes)`."""
+    i = 0
+    bs, only_decodes = self.bm.block_size, True
+    while i < len(self.running) and budget > 0:
+        seq = self.running[i]
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        if n == 1 and 0 < seq.num_computed_tokens < len(seq.block_table) * bs:  # a decode whose slot is allocated
+            out.scheduled.append((seq, 1))
+            budget -= 1
             i += 1
-        # 2. waiting sequences, strictly in order, unless we just had to preempt
-        while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            hits = self.bm.lookup_prefix(seq)
-            start = len(hits) * self.bm.block_size
-            n = min(seq.num_tokens - start, budget)
-            if not self.bm.can_allocate(seq, start + n, hits):
-                break
-            self.waiting.popleft()
-            self.running.append(seq)
-            self.bm.allocate(seq, start + n, hits)
-            self.num_prefix_hit_tokens += start
-            out.scheduled.append((seq, n))
-            budget -= n
-            only_decodes = False
-        if not out.scheduled and self.waiting:
-            raise RuntimeError(f"sequence {self.waiting[0].seq_id} needs more KV blocks than the whole cache holds")
-        if not only_decodes:
-            self.num_chunked_prefills += sum(seq.num_computed_tokens + n < seq.num_tokens for seq, n in out.scheduled)
-            out.scheduled.sort(key=lambda sn: out.is_decode(*sn))  # stable: prefills first, then decodes
-        return out
+            continue
+        only_decodes = only_decodes and out.is_decode(seq, n)
+        victim = None
+        while victim is not seq and not self.bm.can_allocate(seq, seq.num_computed_tokens + n):
+            victim = self.running[-1]  # the newest goes first
+            self._preempt(victim, out)
+        if victim is seq:
+            break
+        self.bm.allocate(seq, seq.num_computed_tokens + n)
+        out.scheduled.append((seq, n))
+        budget -= n
+        i += 1
+    return budget, only_decodes
 
-    def update(self, out: SchedulerOutput):
-        "After the forward: the scheduled tokens are computed; register the blocks they completed."
-        for seq, n in out.scheduled:
-            seq.num_computed_tokens += n
-            self.bm.cache_full_blocks(seq)
 
-    def finish(self, seq: Sequence):
-        "Remove a finished or aborted sequence and free its blocks."
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        self.bm.free_seq(seq)
+# %% ../nbs/09_scheduler.ipynb #7fb85c46
+@patch
+def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int) -> bool:
+    "Waiting sequences, strictly in order, unless a sequence was just preempted: whether any was admitted."
+    admitted = False
+    while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+        seq = self.waiting[0]
+        hits = self.bm.lookup_prefix(seq)
+        start = len(hits) * self.bm.block_size
+        n = min(seq.num_tokens - start, budget)
+        if not self.bm.can_allocate(seq, start + n, hits):
+            break
+        self.waiting.popleft()
+        self.running.append(seq)
+        self.bm.allocate(seq, start + n, hits)
+        self.num_prefix_hit_tokens += start
+        out.scheduled.append((seq, n))
+        budget -= n
+        admitted = True
+    return admitted
+
+
+# %% ../nbs/09_scheduler.ipynb #a9261440
+@patch
+def update(self: Scheduler, out: SchedulerOutput):
+    "After the forward: the scheduled tokens are computed; register the blocks they completed."
+    for seq, n in out.scheduled:
+        seq.num_computed_tokens += n
+        self.bm.cache_full_blocks(seq)
+
+
+# %% ../nbs/09_scheduler.ipynb #a5434d98
+@patch
+def finish(self: Scheduler, seq: Sequence):
+    "Remove a finished or aborted sequence and free its blocks."
+    if seq in self.running:
+        self.running.remove(seq)
+    elif seq in self.waiting:
+        self.waiting.remove(seq)
+    self.bm.free_seq(seq)
