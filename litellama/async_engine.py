@@ -19,6 +19,7 @@ import torch
 
 # %% ../nbs/13_async.ipynb #253c13a8
 from .attention import build_model_input
+from .data_parallel import engine_from_pretrained
 from .engine import ContinuousBatchingEngine, StepOutput
 from .kv_cache import Sequence
 from .sampling import SamplingParams
@@ -50,8 +51,8 @@ async def __aexit__(self: AsyncLLMEngine, *exc):
 # %% ../nbs/13_async.ipynb #f5aff712
 @patch(cls_method=True)
 def from_pretrained(cls: AsyncLLMEngine, path=None, **kwargs):
-    "Load a checkpoint (default: the bundled model) into a `ContinuousBatchingEngine` and wrap it."
-    return cls(ContinuousBatchingEngine.from_pretrained(path, **kwargs))
+    "Load a checkpoint (default: the bundled model) into an engine (N replicas if `data_parallel_size` > 1) and wrap it."
+    return cls(engine_from_pretrained(path, **kwargs))
 
 
 # %% ../nbs/13_async.ipynb #d70896cc
@@ -324,7 +325,7 @@ def _score_chunk(engine, ids: list, start: int, end: int, table, num_logprobs: i
 def prompt_logprobs(engine, ids: list, num_logprobs: int = 0, chunk: int = 512) -> list:
     """Per token of `ids`, `{token_id: logprob}` of it and of the `num_logprobs` likeliest tokens in its place, given
     the tokens before it; None for the first. Call it from the thread that steps `engine`."""
-    if getattr(engine, "executor", None) is not None or not hasattr(engine, "runner"):
+    if not getattr(getattr(engine, "executor", None), "in_process", False):
         raise ValueError("prompt logprobs are only supported on a single-process engine")
     if chunk < 2:
         raise ValueError("chunk must be at least 2 tokens")

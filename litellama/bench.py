@@ -398,7 +398,8 @@ def forward_ms(llm, batch: int, context: int, reps: int = 20) -> float:
         [([0], context - 1, [0] * -(-context // runner.block_size))] * batch,
         runner.block_size,
         runner.device,
-        plan_decode=runner._plan_decode,
+        split_planner=runner.split_planner,
+        graph_sizes=runner.graph_sizes,
     )
     mi.attn.slot_mapping.fill_(-1)  # reads block 0 everywhere, stores nothing
     fn = (lambda: runner._replay(mi)) if runner.graph_size(batch) is not None else (lambda: runner.model(mi))

@@ -203,10 +203,10 @@ def _print_batch(rows, wall, stats, show_stats: bool):
 # %% ../nbs/16_cli.ipynb #1dbbca99
 def cmd_batch(a):
     "Run a prompt file (one prompt per line, or a JSON list) through the scheduler and report the figures."
-    from litellama.engine import ContinuousBatchingEngine
+    from litellama.data_parallel import engine_from_pretrained
 
     prompts = _read_prompts(a.prompts)
-    eng = ContinuousBatchingEngine.from_pretrained(a.model, **_engine_options(a))
+    eng = engine_from_pretrained(a.model, **_engine_options(a))
     chat = eng.tokenizer is not None and getattr(eng.tokenizer, "chat_template", None) and not a.raw
     prompts = [
         eng.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)

@@ -27,7 +27,8 @@ from .multimodal import MultiModalError, TokensWithImages, load_image_processor,
 from .multimodal import process_images as encode_images
 from .sampling import SamplingParams, uses_history
 from .sampling_params import SEED_RANGE
-from .scheduler import Scheduler, SchedulerOutput
+from .model_input import SchedulerOutput
+from .scheduler import Scheduler
 from .utils import patch
 
 log = logging.getLogger("litellama")
@@ -173,17 +174,18 @@ def from_pretrained(
 ):
     """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
     scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
-    `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard; with `data_parallel_size` N > 1
-    this returns a `DataParallelEngine` of N replicas."""
+    `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard. Several replicas
+    (`data_parallel_size`) are built by `data_parallel.engine_from_pretrained`, which sits above the engine."""
     from transformers import AutoTokenizer
 
     kw = dict(dtype=dtype, device=device, quantization=quantization, tensor_parallel_size=tensor_parallel_size)
     known = {k: v for k, v in engine_options.items() if k in EngineArgs.__dataclass_fields__}
     EngineArgs(model=path, data_parallel_size=data_parallel_size, **kw, **known)  # every option checked, before loading
-    if data_parallel_size != 1:  # N replicas in their own processes, behind a router, with this interface
-        from litellama.data_parallel import DataParallelEngine
-
-        return DataParallelEngine(path, data_parallel_size, **kw, **engine_options)
+    if data_parallel_size != 1:  # several engines are the router's job, a floor above (27_data_parallel)
+        raise ValueError(
+            "data_parallel_size > 1 runs several engines: use LLM(..., data_parallel_size=N) or "
+            "data_parallel.engine_from_pretrained"
+        )
     engine_options.pop("routing", None)  # one engine: no router
     model_dir = resolve_model_dir(path)
     device = resolve_device(device)

@@ -29,13 +29,14 @@ import torch
 import torch.distributed as dist
 
 from . import distributed as D
+from .config import CacheConfig, default_max_num_batched_tokens
 from .distributed import DistributedError
 from .kernels.reference import uniform_noise
 from .model_input import Placeholder
 from .model_runner import ModelRunner, paged_kv_cache
 from .parallel_layers import load_sharded_model
 from .sampling import SamplingTensors, logprobs_to_host, sample_on_device
-from .scheduler import SchedulerOutput
+from .model_input import SchedulerOutput
 from .utils import patch
 
 
@@ -508,9 +509,9 @@ def engine_options_for_tp(
     if tensor_parallel_size < 1:
         raise ValueError("tensor_parallel_size must be >= 1")
     opts = {k: engine_options[k] for k in _RUNNER_OPTIONS if engine_options.get(k) is not None}
-    opts.setdefault("max_num_batched_tokens", 16384 if torch.device(device).type == "cuda" else 8192)
+    opts.setdefault("max_num_batched_tokens", default_max_num_batched_tokens(device))
     kv = engine_options.get("kv_cache_dtype", "auto")
-    opts["kv_cache_dtype"], opts["quantization"] = {"auto": None, "fp8": torch.float8_e4m3fn}.get(kv), quantization
+    opts["kv_cache_dtype"], opts["quantization"] = CacheConfig(kv_cache_dtype=kv).torch_kv_dtype(), quantization
     ex = MultiprocExecutor(
         model_dir,
         tensor_parallel_size,

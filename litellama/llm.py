@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+from .data_parallel import engine_from_pretrained
 from .engine import ContinuousBatchingEngine
 from .multimodal import chat_images
 from .sampling import SamplingParams
@@ -53,7 +54,7 @@ class LLM:
     "Offline batched generation over a `ContinuousBatchingEngine` (`model` None: the bundled SmolLM2)."
 
     def __init__(self, model=None, dtype="auto", device="auto", **engine_options):
-        self.engine = ContinuousBatchingEngine.from_pretrained(model, dtype=dtype, device=device, **engine_options)
+        self.engine = engine_from_pretrained(model, dtype=dtype, device=device, **engine_options)
         self.model_dir, self.tokenizer = self.engine.model_dir, self.engine.tokenizer
 
 

@@ -20,7 +20,7 @@ from .layers import head_dim
 from .model_input import build_model_input, fill_placeholders
 from .model_input import graph_size as _graph_size
 from .multimodal import image_embeds, mrope_step_positions
-from .scheduler import SchedulerOutput
+from .model_input import SchedulerOutput
 from .utils import patch
 
 

@@ -128,8 +128,8 @@ BACKENDS = {
         auto=lambda device_type: device_type == "cuda",
         graph_safe=True,
         shapes={
-            "prefill_attention": _K + "prefill_attention:declines_head_dim",
-            "decode_attention": _K + "prefill_attention:declines_head_dim",
+            "prefill_attention": _K + "attention_tiles:declines_head_dim",
+            "decode_attention": _K + "attention_tiles:declines_head_dim",
         },
     ),
     "torch": Backend("torch", {op: _K + f"reference:{op}" for op in OPS}, _probe_torch),
