@@ -29,6 +29,8 @@ demo: $(VENV)/.demo
 # README.md is generated from nbs/index.ipynb.
 export: $(VENV)/.dev
 	$(BIN)/nbdev-export
+	@# nbdev writes package imports as relative ones, which sort differently from the notebook's absolute ones
+	$(BIN)/ruff check -q --fix --select I litellama
 	$(BIN)/ruff format -q litellama
 	$(BIN)/jupyter nbconvert --to markdown --stdout nbs/index.ipynb 2>/dev/null > README.md
 
@@ -71,7 +73,7 @@ test: check-sync lint nbtest pytest
 
 # The documentation site: every notebook executed and rendered to docs/ (offline, no Quarto).
 docs: $(VENV)/.dev
-	$(BIN)/python -c "from litellama.docs import main; main()" --out docs
+	$(BIN)/python -c "from litellama.devtools.docs import main; main()" --out docs
 
 clean:
 	rm -rf $(VENV) _proc _docs docs

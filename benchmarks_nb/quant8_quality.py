@@ -39,7 +39,7 @@ PROMPTS = [
 
 def perplexity(model, ids, seq_len=512, block_size=16):
     "`(exp(mean NLL), argmax at every position)` of `ids`, in independent chunks of `seq_len` tokens."
-    from litellama.attention import build_model_input
+    from litellama.executor.model_input import build_model_input
 
     c = model.config
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -63,7 +63,7 @@ def perplexity(model, ids, seq_len=512, block_size=16):
 
 def greedy(model, prompt_ids, max_tokens=64, block_size=16):
     "Greedy continuations of all prompts at once (one packed prefill, then batched decode steps), never stopping early."
-    from litellama.attention import build_model_input
+    from litellama.executor.model_input import build_model_input
 
     c = model.config
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -103,10 +103,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from litellama.checkpoints import default_model_dir
-    from litellama.loader import load_model
-    from litellama.quant8 import write_w8a8_int8_checkpoint
-    from litellama.smoothquant import quantize_smoothquant
+    from litellama.models.model_dir import default_model_dir
+    from litellama.models.loader import load_model
+    from litellama.quantization.smoothquant import write_w8a8_int8_checkpoint
+    from litellama.quantization.smoothquant import quantize_smoothquant
 
     data = Path(__import__("litellama").__file__).parent / "data"
     src = default_model_dir()

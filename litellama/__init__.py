@@ -12,19 +12,19 @@ __version__ = "0.1.0"
 
 # %% ../nbs/01_api.ipynb #0e0be5c5
 _PUBLIC = {  # name -> the module that defines it
-    "SamplingParams": "litellama.sampling",
+    "SamplingParams": "litellama.sampling_params",
     "EngineArgs": "litellama.config",
     "ModelConfig": "litellama.config",
     "CacheConfig": "litellama.config",
     "SchedulerConfig": "litellama.config",
     "ParallelConfig": "litellama.config",
-    "ContinuousBatchingEngine": "litellama.engine",
-    "StepOutput": "litellama.engine",
-    "LLM": "litellama.llm",
-    "TextGenerator": "litellama.llm",
-    "RequestOutput": "litellama.llm",
-    "CompletionOutput": "litellama.llm",
-    "AsyncLLMEngine": "litellama.async_engine",
+    "ContinuousBatchingEngine": "litellama.engine.llm_engine",
+    "StepOutput": "litellama.engine.llm_engine",
+    "LLM": "litellama.entrypoints.llm",
+    "TextGenerator": "litellama.entrypoints.llm",
+    "RequestOutput": "litellama.entrypoints.llm",
+    "CompletionOutput": "litellama.entrypoints.llm",
+    "AsyncLLMEngine": "litellama.engine.async_engine",
     "explain_selection": "litellama.kernels.registry",
 }
 

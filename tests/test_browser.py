@@ -48,7 +48,7 @@ def browser():
 # ---------------------------------------------------------------- the chat widget in JupyterLab
 
 CHAT_NB = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [],
-                      "source": "from litellama.widget import ChatWidget\nchat = ChatWidget()\nchat"}],
+                      "source": "from litellama.entrypoints.widget import ChatWidget\nchat = ChatWidget()\nchat"}],
            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
            "nbformat": 4, "nbformat_minor": 5}
 
@@ -142,7 +142,7 @@ def site():
     if os.environ.get("LITELLAMA_DOCS_DIR"):
         d, tmp = Path(os.environ["LITELLAMA_DOCS_DIR"]), None
     else:
-        from litellama.docs import build_docs
+        from litellama.devtools.docs import build_docs
         tmp = Path(tempfile.mkdtemp(prefix="litellama-site-"))
         d = build_docs(tmp / "docs", root=ROOT)
         assert not build_docs.failed, f"cells failed while building the docs: {build_docs.failed}"
@@ -198,7 +198,7 @@ def test_docs_site(browser, site):
 # ---------------------------------------------------------------- the chat widget with an image, over a tiny LLaVA
 
 VISION_NB = {"cells": [{"cell_type": "code", "execution_count": None, "id": "v1", "metadata": {}, "outputs": [],
-                        "source": "import tempfile\nfrom litellama.llm import LLM\nfrom litellama.widget import ChatWidget\n"
+                        "source": "import tempfile\nfrom litellama.entrypoints.llm import LLM\nfrom litellama.entrypoints.widget import ChatWidget\n"
                                   "from litellama.models.llava import make_llava_checkpoint\n"
                                   "llm = LLM(make_llava_checkpoint('tiny-llava', tempfile.mkdtemp()), dtype='float32', device='cpu')\n"
                                   "chat = ChatWidget(llm, max_tokens=12)\nchat"}],

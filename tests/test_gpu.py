@@ -100,8 +100,8 @@ def _greedy(path, dtype, backend, prompts, n):
     os.environ["LITELLAMA_BACKEND"] = backend
     from litellama.kernels.registry import ops
     ops.reset()
-    from litellama.llm import LLM
-    from litellama.sampling import SamplingParams
+    from litellama.entrypoints.llm import LLM
+    from litellama.sampling_params import SamplingParams
     llm = LLM(path, dtype=dtype, device="cuda", num_kv_blocks=512)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, min_tokens=n), use_tqdm=False)
     del os.environ["LITELLAMA_BACKEND"]; ops.reset()
@@ -110,7 +110,7 @@ def _greedy(path, dtype, backend, prompts, n):
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_tiny_models_triton_vs_reference_vs_hf(family, tmp_path):
     import transformers
-    from litellama.checkpoints import make_random_checkpoint
+    from litellama.testing.checkpoints import make_random_checkpoint
     path = make_random_checkpoint(f"tiny-{family}", tmp_path / family, dtype=torch.float32, seed=1)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 60))] for _ in range(8)]
@@ -123,9 +123,9 @@ def test_tiny_models_triton_vs_reference_vs_hf(family, tmp_path):
 
 def test_qwen3_06b_shape_triton_logits_close(tmp_path):
     "Real shape, bf16: the same forward steps on Triton ops and on the reference ops give close logits."
-    from litellama.checkpoints import make_random_checkpoint
-    from litellama.loader import load_model
-    from litellama.attention import build_model_input
+    from litellama.testing.checkpoints import make_random_checkpoint
+    from litellama.models.loader import load_model
+    from litellama.executor.model_input import build_model_input
     from litellama.kernels.registry import ops
     path = make_random_checkpoint("qwen3-0.6b", tmp_path / "q", dtype=torch.bfloat16)
     model, cfg = load_model(path, "bfloat16", "cuda")
@@ -145,9 +145,9 @@ def test_qwen3_06b_shape_triton_logits_close(tmp_path):
 
 def test_cuda_graphs_same_tokens_as_eager(tmp_path):
     "Decode steps replayed from CUDA graphs give the same greedy tokens as eager steps."
-    from litellama.checkpoints import make_random_checkpoint
-    from litellama.llm import LLM
-    from litellama.sampling import SamplingParams
+    from litellama.testing.checkpoints import make_random_checkpoint
+    from litellama.entrypoints.llm import LLM
+    from litellama.sampling_params import SamplingParams
     path = make_random_checkpoint("tiny-qwen3", tmp_path / "q", dtype=torch.float32, seed=3)
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 80))] for _ in range(37)]
@@ -226,9 +226,9 @@ def test_fp8_decode_wide_batch_words(dtype):
 
 def test_fp8_kv_cache_graphs_same_tokens_as_eager(tmp_path):
     "With an fp8 cache, decode steps from CUDA graphs give the eager steps' greedy tokens; the cache holds twice the tokens."
-    from litellama.checkpoints import make_random_checkpoint
-    from litellama.llm import LLM
-    from litellama.sampling import SamplingParams
+    from litellama.testing.checkpoints import make_random_checkpoint
+    from litellama.entrypoints.llm import LLM
+    from litellama.sampling_params import SamplingParams
     path = make_random_checkpoint("tiny-qwen3", tmp_path / "q", dtype=torch.bfloat16, seed=3)
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 80))] for _ in range(37)]
@@ -244,9 +244,9 @@ def test_fp8_kv_cache_graphs_same_tokens_as_eager(tmp_path):
 
 def test_overlapped_sampling_same_as_step_by_step(tmp_path):
     "Seeded sampling, penalties and logprobs give the same tokens with and without overlapped steps."
-    from litellama.checkpoints import make_random_checkpoint
-    from litellama.llm import LLM
-    from litellama.sampling import SamplingParams
+    from litellama.testing.checkpoints import make_random_checkpoint
+    from litellama.entrypoints.llm import LLM
+    from litellama.sampling_params import SamplingParams
     path = make_random_checkpoint("tiny-qwen3", tmp_path / "q", dtype=torch.float32, seed=4)
     rng = random.Random(2)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(1, 40))] for _ in range(12)]
@@ -285,9 +285,9 @@ def test_skinny_linear(dtype):
 def test_qwen3_06b_shape_close_to_hf_by_vllm_rule(tmp_path):
     "bf16, real shape: greedy tokens equal HF's until they first differ; there each side's token is in the other's top 5."
     import transformers
-    from litellama.checkpoints import make_random_checkpoint
-    from litellama.llm import LLM
-    from litellama.sampling import SamplingParams
+    from litellama.testing.checkpoints import make_random_checkpoint
+    from litellama.entrypoints.llm import LLM
+    from litellama.sampling_params import SamplingParams
     path = make_random_checkpoint("qwen3-0.6b", tmp_path / "q", dtype=torch.bfloat16)
     rng = random.Random(3)
     prompts = [[rng.randrange(10000) for _ in range(rng.randint(16, 200))] for _ in range(8)]
@@ -348,10 +348,10 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_variant_checkpoints_match_hf_with_and_without_graphs(variant, tmp_path):
     import transformers
-    from litellama.checkpoints import make_random_checkpoint
+    from litellama.testing.checkpoints import make_random_checkpoint
     from litellama.kernels.registry import ops, selection
-    from litellama.llm import LLM
-    from litellama.sampling import SamplingParams
+    from litellama.entrypoints.llm import LLM
+    from litellama.sampling_params import SamplingParams
     like, shape = VARIANTS[variant]
     path = make_random_checkpoint(like, tmp_path / variant, dtype=torch.float32, seed=5, **shape)
     rng = random.Random(4)
@@ -371,9 +371,9 @@ def test_variant_checkpoints_match_hf_with_and_without_graphs(variant, tmp_path)
         assert [o.outputs[0].token_ids for o in outs] == want, f"{variant}, enforce_eager={eager}"
 
 def test_forced_triton_declined_head_size_fails_at_load(tmp_path):
-    from litellama.checkpoints import make_random_checkpoint
+    from litellama.testing.checkpoints import make_random_checkpoint
     from litellama.kernels.registry import ops
-    from litellama.llm import LLM
+    from litellama.entrypoints.llm import LLM
     like, shape = VARIANTS["hd12-fallback"]
     path = make_random_checkpoint(like, tmp_path / "hd12", dtype=torch.float32, **shape)
     os.environ["LITELLAMA_BACKEND"] = "triton"; ops.reset()
@@ -384,15 +384,15 @@ def test_forced_triton_declined_head_size_fails_at_load(tmp_path):
         del os.environ["LITELLAMA_BACKEND"]; ops.reset()
 
 def _shapes():
-    from litellama.checkpoints import SHAPES
+    from litellama.testing.checkpoints import SHAPES
     return list(SHAPES)
 
 @pytest.mark.parametrize("like", _shapes())
 def test_every_checkpoint_shape_generates_bf16(like, tmp_path):
     "Every `make-random-checkpoint --like` shape loads and generates in bf16 (two layers of the real ones: the shape is what matters)."
-    from litellama.checkpoints import make_random_checkpoint
-    from litellama.llm import LLM
-    from litellama.sampling import SamplingParams
+    from litellama.testing.checkpoints import make_random_checkpoint
+    from litellama.entrypoints.llm import LLM
+    from litellama.sampling_params import SamplingParams
     fewer = {} if like.startswith("tiny-") else dict(num_hidden_layers=2)
     path = make_random_checkpoint(like, tmp_path / like, dtype=torch.bfloat16, **fewer)
     llm = LLM(path, dtype="bfloat16", device="cuda", num_kv_blocks=256, max_num_seqs=4)

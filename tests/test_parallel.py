@@ -7,8 +7,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = '''
 import json, sys, time
 from pathlib import Path
-from litellama.llm import LLM
-from litellama.sampling import SamplingParams
+from litellama.entrypoints.llm import LLM
+from litellama.sampling_params import SamplingParams
 
 def main(path, out, mode):
     llm = LLM(path, dtype="float32", device="cpu", tensor_parallel_size=2, max_num_seqs=4, max_num_batched_tokens=16,
@@ -37,13 +37,13 @@ def _env():
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from litellama.checkpoints import make_random_checkpoint
+    from litellama.testing.checkpoints import make_random_checkpoint
     d = tmp_path_factory.mktemp("tp")
     (d / "run.py").write_text(SCRIPT)
     return make_random_checkpoint("tiny-llama", d / "m", dtype=torch.float32, seed=1), d / "run.py"
 
 def test_torchrun_matches_spawn(ckpt, tmp_path):
-    from litellama.distributed import free_port
+    from litellama.distributed.comm import free_port
     path, script = ckpt
     spawn, trun = tmp_path / "spawn.json", tmp_path / "torchrun.json"
     subprocess.run([sys.executable, str(script), str(path), str(spawn), "run"], env=_env(), check=True, timeout=240)

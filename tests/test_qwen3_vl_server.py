@@ -15,7 +15,7 @@ KEY, MODEL = "sk-test", "tiny-qwen3-vl"
 @pytest.fixture(scope="module")
 def ckpt():
     import torch
-    from litellama.checkpoints import make_random_checkpoint
+    from litellama.testing.checkpoints import make_random_checkpoint
     return make_random_checkpoint("tiny-qwen3-vl", tempfile.mkdtemp(prefix="litellama-qwen3-vl-"), dtype=torch.float32)
 
 
@@ -29,9 +29,9 @@ def _url(png): return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 def test_two_images_in_one_message(client, ckpt):
-    from litellama.llm import LLM
-    from litellama.multimodal import decode_image
-    from litellama.sampling import SamplingParams
+    from litellama.entrypoints.llm import LLM
+    from litellama.multimodal.processing import decode_image
+    from litellama.sampling_params import SamplingParams
     pngs = [_png(1, (64, 96)), _png(2, (40, 100))]
     content = [{"type": "text", "text": "compare"}, {"type": "image_url", "image_url": {"url": _url(pngs[0])}},
                {"type": "text", "text": "with"}, {"type": "image_url", "image_url": {"url": _url(pngs[1])}}]

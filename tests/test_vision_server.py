@@ -15,7 +15,7 @@ MODEL = "tiny-llava"
 @pytest.fixture(scope="module")
 def dirs():
     import torch
-    from litellama.checkpoints import make_random_checkpoint
+    from litellama.testing.checkpoints import make_random_checkpoint
     d, media = tempfile.mkdtemp(prefix="litellama-vision-"), tempfile.mkdtemp(prefix="litellama-media-")
     make_random_checkpoint("tiny-llava", d, dtype=torch.float32)
     return d, media

@@ -4,7 +4,7 @@ CUDA-graph replay (20 calls in one graph, weights rotated through copies larger 
 from HBM) and eagerly (do_bench); sweeps of launch configs (M = 1 GEMV, M = 4/16 skinny, M = 4096 tiles) with each
 variant's correctness, printing the best per shape and a `W8A16_TUNED` / `W8A8_TUNED` table to paste into
 kernels_nb/12_quant_gemm.ipynb; the decode-step linear time of a Qwen3-8B stack; weight memory; peak memory while
-quantizing at load (when litellama.quant8 is in the tree). Every part is guarded; a global time guard skips what is left.
+quantizing at load (when litellama.layers.quant8 is in the tree). Every part is guarded; a global time guard skips what is left.
 
     PYTHONPATH=. python3 benchmarks_nb/gpu/i18.py $OUT            # on the GPU: writes $OUT/i18.json
     PYTHONPATH=. python3 benchmarks_nb/gpu/i18.py /tmp --dry-run  # on a CPU, tiny shapes, Triton interpreter
@@ -379,8 +379,8 @@ def _():
     "Quantize four Qwen3-8B layers' projections at load, tensor by tensor: peak allocated vs quantized size + one tensor."
     if DEV != "cuda": RES["load_peak_memory"] = "skipped on the CPU"; return
     try:
-        from litellama.layers import Linear
-        from litellama.quant8 import RuntimeW8
+        from litellama.layers.base import Linear
+        from litellama.layers.quant8 import RuntimeW8
     except ImportError as e:
         RES["load_peak_memory"] = f"skipped: {e} (this tree has no exported 8-bit linear methods)"; print(RES["load_peak_memory"]); return
     torch.cuda.synchronize(); torch.cuda.empty_cache()

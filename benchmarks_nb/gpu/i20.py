@@ -46,7 +46,7 @@ def bench_ms(fn, reps=None):
 def graph_ms(fn, calls=10):
     "Ms per call of `fn` recorded `calls` times in one CUDA graph (no launch overhead); None on the CPU."
     if DEV != "cuda": return None
-    from litellama.kernels.autotune import graph_ms as g
+    from litellama.kernels.tuned import graph_ms as g
     return g(fn, calls=calls)
 
 def part(name, start_before=None):
@@ -173,10 +173,11 @@ def _():
 del w13, w2, w13_8, w2_8
 if DEV == "cuda": torch.cuda.empty_cache()
 
-from litellama.checkpoints import SHAPES, make_tokenizer
+from litellama.testing.checkpoints import SHAPES
+from litellama.testing.tokenizer import make_tokenizer
 like = "tiny-qwen3-moe" if DRY else "qwen3-30b-a3b"
 PROMPT, GEN = 16, (8 if DRY else 64)
-from litellama.bench import W1_ROWS, random_prompts
+from litellama.benchmarks.harness import W1_ROWS, random_prompts
 W1 = [(1, 8, 4), (3, 5, 3)] if DRY else W1_ROWS                  # (batch, prompt, generated), BENCHMARKS.md's workload 1
 HF_W1_TOKENS, HF_W1_SECONDS = (2 if DRY else 32), (20 if DRY else 40)   # HF is slow: its tokens per row and its total time are capped
 RUN_LIMIT_S = 145                                # HF's workload-1 rows stop starting after this (the whole run: under 150 s)
@@ -185,8 +186,8 @@ MODEL = {}
 @part("engine_tpot_batch1", start_before=45)
 def _():
     from transformers import AutoConfig
-    from litellama.engine import ContinuousBatchingEngine
-    from litellama.sampling import SamplingParams
+    from litellama.engine.llm_engine import ContinuousBatchingEngine
+    from litellama.sampling_params import SamplingParams
     from litellama.models.qwen3_moe import random_model
     cfg = AutoConfig.for_model(**SHAPES[like])
     t = time.perf_counter()
@@ -234,9 +235,9 @@ def _():
 def _():
     "Workload 1 through the engine (CUDA graphs up to batch 256) on the random-weight model of the TPOT part."
     from transformers import AutoConfig
-    from litellama.engine import ContinuousBatchingEngine
-    from litellama.llm import LLM
-    from litellama.bench import ours_generate
+    from litellama.engine.llm_engine import ContinuousBatchingEngine
+    from litellama.entrypoints.llm import LLM
+    from litellama.benchmarks.harness import ours_generate
     cfg = AutoConfig.for_model(**SHAPES[like])
     model = MODEL.get("ours")
     if model is None: raise RuntimeError("no model: the TPOT part failed or was skipped")
@@ -278,7 +279,7 @@ def _():
     impl = getattr(hf.config, "_experts_implementation", None)
     rows, t_w1 = [], time.perf_counter()
     try:                                                           # workload 1's rows, HF's tokens and time capped
-        from litellama.bench import hf_generate
+        from litellama.benchmarks.harness import hf_generate
         for b, p, g in W1:
             if time.perf_counter() - t_w1 > HF_W1_SECONDS or (not DRY and time.perf_counter() - T0 > RUN_LIMIT_S - 8):
                 rows.append(dict(batch=b, prompt=p, skipped=f"HF's {HF_W1_SECONDS} s for workload 1 spent")); continue

@@ -42,9 +42,9 @@ def meta():
                   transformers=transformers.__version__, date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                   commit=commit)
 
-from litellama.checkpoints import make_random_checkpoint
-from litellama.llm import LLM
-from litellama.sampling import SamplingParams
+from litellama.testing.checkpoints import make_random_checkpoint
+from litellama.entrypoints.llm import LLM
+from litellama.sampling_params import SamplingParams
 TMP = tempfile.mkdtemp() if __name__ == "__main__" else None
 SMALL = dict(dtype="float32", device=DEV, max_num_seqs=8, max_num_batched_tokens=64, block_size=16, num_kv_blocks=64)
 
@@ -81,7 +81,7 @@ def _big():
 @part("tpot_and_ledger")
 def tpot_and_ledger():
     "Batch-1 time per output token at tp 1 and 2 (after a warm-up), and the ledger of one decode step at tp 2."
-    from litellama.distributed import CollectiveStats
+    from litellama.distributed.comm import CollectiveStats
     path, L = _big()
     opts = dict(dtype="float32" if DRY else "bfloat16", device=DEV, max_num_seqs=4, max_num_batched_tokens=256 if DRY else 2048,
                 num_kv_blocks=64 if DRY else 512)
@@ -116,7 +116,7 @@ def tpot_and_ledger():
     return out
 
 def _ar_rank(rank, port, H, L, q):
-    from litellama import distributed as D
+    from litellama.distributed import comm as D
     dev = "cpu" if DRY else f"cuda:{rank}"
     D.init_distributed(rank, 2, dev, master_port=port)
     x = torch.ones(1, H, dtype=torch.float32 if DRY else torch.bfloat16, device=dev)
@@ -133,7 +133,7 @@ def _ar_rank(rank, port, H, L, q):
 def allreduce_share():
     "Time of one [1, H] all-reduce (eager, back to back), times 2L+1, against the tp=2 decode step (TPOT)."
     import torch.multiprocessing as mp
-    from litellama.distributed import free_port
+    from litellama.distributed.comm import free_port
     H = 64 if DRY else 4096
     L = RESULT["parts"].get("tpot_and_ledger", {}).get("layers", 2)
     ctx, port = mp.get_context("spawn"), free_port()
@@ -150,7 +150,7 @@ def allreduce_share():
 @part("data_parallel")
 def data_parallel():
     "Cut-down workload 2 (random prompts, lengths 100-1024 in and out; fewer requests) at dp 1 and 2, tokens/s."
-    from litellama.bench import workload2_requests
+    from litellama.benchmarks.harness import workload2_requests
     n = 4 if DRY else 32
     prompts, params = workload2_requests(n, seed=0)
     if DRY: prompts, params = [p[:12] for p in prompts], [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=4) for _ in params]

@@ -57,8 +57,8 @@ meta()
 from transformers import LlavaForConditionalGeneration as HFLlava
 from litellama.models.llava import LlavaForConditionalGeneration, llava_config
 from litellama.models.decoder import load_weights
-from litellama.engine import ContinuousBatchingEngine
-from litellama.sampling import SamplingParams
+from litellama.engine.llm_engine import ContinuousBatchingEngine
+from litellama.sampling_params import SamplingParams
 
 IMAGE_TOKEN = 300 if DRY else 32000
 config = llava_config(LIKE, IMAGE_TOKEN)

@@ -42,7 +42,7 @@ def elapsed(): return time.perf_counter() - T0
 def graph_ms(fn, calls=10):
     "Ms per call of `fn` replayed from one CUDA graph of `calls` calls; on the CPU the median wall time of three calls."
     if DEV == "cuda":
-        from litellama.kernels.autotune import graph_ms as g
+        from litellama.kernels.tuned import graph_ms as g
         return g(fn, calls=calls)
     ts = []
     for _ in range(3):
@@ -212,8 +212,9 @@ del w13, w2, w13_8, w2_8, s13, s2
 gc.collect()
 if DEV == "cuda": torch.cuda.empty_cache()
 
-from litellama.checkpoints import SHAPES, make_tokenizer
-from litellama.bench import W1_ROWS, random_prompts
+from litellama.testing.checkpoints import SHAPES
+from litellama.testing.tokenizer import make_tokenizer
+from litellama.benchmarks.harness import W1_ROWS, random_prompts
 like = "tiny-qwen3-moe" if DRY else "qwen3-30b-a3b"
 PROMPT, GEN = 16, (8 if DRY else 64)
 W1 = [(1, 8, 4), (3, 5, 3)] if DRY else W1_ROWS                  # (batch, prompt, generated), BENCHMARKS.md's workload 1
@@ -232,8 +233,8 @@ def group_of(name):
 
 def engine_tpot(model, cfg):
     "Batch-1 TPOT over two timed requests after a warm-up, and the kernels of 8 decode steps by group."
-    from litellama.engine import ContinuousBatchingEngine
-    from litellama.sampling import SamplingParams
+    from litellama.engine.llm_engine import ContinuousBatchingEngine
+    from litellama.sampling_params import SamplingParams
     t = time.perf_counter()
     eng = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=1, max_model_len=256,
                                    max_num_batched_tokens=256, num_kv_blocks=64, enable_prefix_caching=False)
@@ -288,9 +289,9 @@ def _():
 @part("workload1_litellama", start_before=75)
 def _():
     "Workload 1 through the engine (CUDA graphs) on the random-weight model of the TPOT part."
-    from litellama.engine import ContinuousBatchingEngine
-    from litellama.llm import LLM
-    from litellama.bench import ours_generate
+    from litellama.engine.llm_engine import ContinuousBatchingEngine
+    from litellama.entrypoints.llm import LLM
+    from litellama.benchmarks.harness import ours_generate
     if "ours" not in MODEL: raise RuntimeError("no model: the TPOT part failed or was skipped")
     model, cfg = MODEL["ours"]
     n_seqs = max(b for b, _, _ in W1)
@@ -319,7 +320,7 @@ if DEV == "cuda": torch.cuda.empty_cache()
 @part("hf_batch1", start_before=98)
 def _():
     from transformers import AutoConfig, AutoModelForCausalLM
-    from litellama.bench import hf_generate
+    from litellama.benchmarks.harness import hf_generate
     cfg = AutoConfig.for_model(**SHAPES[like])
     t = time.perf_counter()
     with torch.device(DEV): hf = AutoModelForCausalLM.from_config(cfg, dtype=DT)

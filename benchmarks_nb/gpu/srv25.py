@@ -131,7 +131,7 @@ URL = None
 @part("server")
 def _():
     global PROC, URL
-    from litellama.checkpoints import make_random_checkpoint
+    from litellama.testing.checkpoints import make_random_checkpoint
     path = Path("/tmp/litellama-srv25") / LIKE
     t = time.perf_counter()
     if not (path / "config.json").exists():
@@ -139,7 +139,7 @@ def _():
     RES["checkpoint_s"] = round(time.perf_counter() - t, 1)
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     dev, dt = ("cpu", "float32") if DRY else ("cuda", "bfloat16")
-    code = (f"import sys; from litellama.server import serve; sys.exit(serve({str(path)!r}, port={port}, served_model_name={LIKE!r}, "
+    code = (f"import sys; from litellama.entrypoints.server import serve; sys.exit(serve({str(path)!r}, port={port}, served_model_name={LIKE!r}, "
             f"device={dev!r}, dtype={dt!r}, max_num_seqs=128{', num_kv_blocks=256' if DRY else ''}))")
     OUT.mkdir(parents=True, exist_ok=True)
     log = open(OUT / f"{NAME}-server.log", "w")
@@ -168,7 +168,7 @@ def health_poller(samples, stop):
 
 
 def one_run(mode, rate):
-    from litellama.server import bench_serving
+    from litellama.entrypoints.server import bench_serving
     samples, stop = [], threading.Event()
     th = threading.Thread(target=health_poller, args=(samples, stop), daemon=True); th.start()
     try:
@@ -186,7 +186,7 @@ def _():
     "One plain and one structured request (builds the grammar backend, compiles the schema), then a small mixed load."
     if URL is None: raise RuntimeError("no server")
     import httpx
-    from litellama.server import BENCH_SCHEMA
+    from litellama.entrypoints.server import BENCH_SCHEMA
     rf = {"type": "json_schema", "json_schema": {"name": "bench", "schema": BENCH_SCHEMA, "strict": True}}
     body = {"model": LIKE, "prompt": "Write a review:", "max_tokens": MAX_TOKENS, "temperature": 0}
     t = time.perf_counter()
@@ -196,7 +196,7 @@ def _():
     RES["checks"]["warmup_structured"] = {"finish_reason": ch["finish_reason"], "text": ch["text"][:300]}
     if ch["finish_reason"] == "stop":
         RES["checks"]["warmup_structured"]["valid"] = validate(json.loads(ch["text"]), BENCH_SCHEMA)
-    from litellama.server import bench_serving
+    from litellama.entrypoints.server import bench_serving
     bench_serving(URL, LIKE, rates=(float("inf"),), num_requests=min(16, NUM_REQUESTS), prompt_len=PROMPT_LEN, max_tokens=16,
                   structured_fraction=0.25)
     RES["warmup_s"] = round(time.perf_counter() - t, 1)
@@ -224,7 +224,7 @@ def _():
 
 @part("summary")
 def _():
-    from litellama.server import BENCH_SCHEMA
+    from litellama.entrypoints.server import BENCH_SCHEMA
     summ = {}
     for rate in RATES:
         by = {m: [r for r in RES["runs"] if r["rate"] == rate and r["mode"] == m] for m in ("plain", "json20")}
@@ -249,7 +249,7 @@ def _():
 def _():
     if URL is None: raise RuntimeError("no server")
     import httpx
-    from litellama.server import BENCH_SCHEMA
+    from litellama.entrypoints.server import BENCH_SCHEMA
     short = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
              "required": ["ok", "n"], "additionalProperties": False}      # ends within a few tokens: always checked
     got = []

@@ -71,10 +71,10 @@ def save():
 meta()
 from PIL import Image
 from litellama.models import qwen3_vl as Q
-from litellama.vision_checkpoints import qwen3_vl_tokenizer
+from litellama.testing.vision_checkpoints import qwen3_vl_tokenizer
 from litellama.models.decoder import load_weights
-from litellama.engine import ContinuousBatchingEngine
-from litellama.sampling import SamplingParams
+from litellama.engine.llm_engine import ContinuousBatchingEngine
+from litellama.sampling_params import SamplingParams
 
 
 def random_image(w, h, seed):
@@ -218,9 +218,9 @@ def _():
         logits_hf = hf(**hf_kw(kw)).logits[0].float()
         # our prefill logits at every position, the step built as the engine builds it, over a scratch cache
         from types import SimpleNamespace as NS
-        from litellama.attention import build_model_input
-        from litellama.model_runner import paged_kv_cache
-        from litellama.multimodal import image_embeds, mrope_step_positions
+        from litellama.executor.model_input import build_model_input
+        from litellama.executor.model_runner import paged_kv_cache
+        from litellama.multimodal.processing import image_embeds, mrope_step_positions
         full, mm = ours.process_images(IP, raw, imgs, 1 << 20, DEV)
         tc, nb = config.text_config, -(-len(full) // 16)
         ours.bind_kv_cache(paged_kv_cache(tc.num_hidden_layers, nb, 16, tc.num_key_value_heads, tc.head_dim, DT, DEV))

@@ -267,9 +267,10 @@ def random_model(cfg, quant):
 def tpot(quant):
     "Batch-1 ms per output token through the engine (CUDA graphs), median of two runs after a warm-up."
     from transformers import AutoConfig
-    from litellama.checkpoints import SHAPES as CK, make_tokenizer
-    from litellama.engine import ContinuousBatchingEngine
-    from litellama.sampling import SamplingParams
+    from litellama.testing.checkpoints import SHAPES as CK
+    from litellama.testing.tokenizer import make_tokenizer
+    from litellama.engine.llm_engine import ContinuousBatchingEngine
+    from litellama.sampling_params import SamplingParams
     cfg = AutoConfig.for_model(**(CK[TPOT_LIKE] if DRY else QWEN3_8B))
     t = time.time(); model = random_model(cfg, quant); build_s = time.time() - t
     t = time.time()
@@ -296,7 +297,7 @@ def _(): return tpot(None)
 
 @part("tpot_awq", 125)
 def _():
-    from litellama.awq_gptq import AWQConfig
+    from litellama.layers.awq_gptq import AWQConfig
     W.TUNED.update(TUNED_FOUND); W._PLANS.clear()                   # the sweep's best configs, as the kernel would read them
     r = tpot(AWQConfig(GROUP))
     r["tuned_entries_used"] = len(TUNED_FOUND)

@@ -250,10 +250,10 @@ QWEN3_8B = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_si
                 rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False)
 
 def scheme_quant(name):
-    from litellama.layers import get_quant_config
+    from litellama.layers.base import get_quant_config
     if name == "bf16": return None
     if name == "fp8 W8A16":
-        from litellama.quant8 import Fp8Config, RuntimeW8
+        from litellama.layers.quant8 import Fp8Config, RuntimeW8
         class Fp8W8A16(Fp8Config):
             def method_for(self, layer, prefix): return RuntimeW8(FP8, w8a8=False)
         return Fp8W8A16()
@@ -262,7 +262,7 @@ def scheme_quant(name):
 def build(cfg, quant, seed=0):
     "A model of `cfg` on the device with random 16-bit weights, each quantized linear loaded shard by shard as from a checkpoint."
     from litellama.models.decoder import model_class
-    from litellama.layers import Linear
+    from litellama.layers.base import Linear
     with torch.device(DEV): model = model_class(cfg)(cfg, dtype=DT, device=DEV, quant=quant)
     g = torch.Generator(device=DEV).manual_seed(seed)
     for name, p in model.named_parameters():
@@ -288,7 +288,7 @@ def weight_bytes(model):
 def decode_profile(eng, steps=8):
     "Where a batch-1 decode step's GPU time goes: the top kernels over `steps` steps, microseconds per step."
     from torch.profiler import profile, ProfilerActivity
-    from litellama.sampling import SamplingParams
+    from litellama.sampling_params import SamplingParams
     eng.add_request(list(range(1, 17)), SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
     eng.step(); sync()                                    # the prefill, outside the profile
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])) as prof:
@@ -304,9 +304,10 @@ ENG = {}
 
 def engine_part(scheme):
     from transformers import AutoConfig
-    from litellama.engine import ContinuousBatchingEngine
-    from litellama.sampling import SamplingParams
-    from litellama.checkpoints import make_tokenizer, SHAPES as CK
+    from litellama.engine.llm_engine import ContinuousBatchingEngine
+    from litellama.sampling_params import SamplingParams
+    from litellama.testing.tokenizer import make_tokenizer
+    from litellama.testing.checkpoints import SHAPES as CK
     cfg = AutoConfig.for_model(**(CK["tiny-qwen3"] if DRY else QWEN3_8B))
     if CUDA: torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()

@@ -25,8 +25,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..attention import ModelInput, SelfAttention
-from ..layers import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, head_dim
+from ..layers.attention import ModelInput, SelfAttention
+from ..layers.base import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, head_dim
 from ..utils import patch
 
 

@@ -25,9 +25,9 @@ __all__ = [
 import torch
 from torch import nn
 
-from ..attention import ModelInput
 from ..kernels.registry import ops
-from ..layers import Linear
+from ..layers.attention import ModelInput
+from ..layers.base import Linear
 from ..utils import patch
 from .decoder import CausalLM, LlamaForCausalLM
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..kernels.registry import ops
-from ..layers import Linear
+from ..layers.base import Linear
 from ..utils import patch  # (before `.decoder` once exported: relative imports sort by depth)
 from .decoder import MODEL_REGISTRY, MODEL_TYPES, CausalLM, model_class
 

@@ -23,9 +23,9 @@ __all__ = [
 import torch
 from torch import nn
 
-from ..attention import ModelInput
 from ..kernels.registry import ops
-from ..multimodal import ImageInput, MultiModalError, image_hash, repeat_placeholders
+from ..layers.attention import ModelInput
+from ..multimodal.processing import ImageInput, MultiModalError, image_hash, repeat_placeholders
 from ..utils import patch
 from .decoder import CausalLM, Qwen3ForCausalLM
 from .qwen3_vl_vision import Qwen3VLVisionModel

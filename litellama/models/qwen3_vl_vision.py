@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.registry import ops
-from ..layers import Linear
+from ..layers.base import Linear
 from ..utils import patch
 from .llava import LayerNorm
 
