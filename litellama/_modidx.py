@@ -2205,4 +2205,5 @@ d = { 'settings': { 'branch': 'main',
                                                       'litellama.testing.vision_checkpoints.write_random_weights': ( 'nbs/vision_checkpoints.html#write_random_weights',
                                                                                                                      'litellama/testing/vision_checkpoints.py')},
             'litellama.utils': { 'litellama.utils.cache_dir': ('nbs/utils.html#cache_dir', 'litellama/utils.py'),
+                                 'litellama.utils.data_file': ('nbs/utils.html#data_file', 'litellama/utils.py'),
                                  'litellama.utils.patch': ('nbs/utils.html#patch', 'litellama/utils.py')}}}

@@ -34,6 +34,7 @@ import torch
 
 from ..kernels.w4a16 import awq_pack
 from ..layers.base import head_dim
+from ..utils import data_file
 
 
 # %% ../../nbs/23_awq_quantizer.ipynb #9dc4d554
@@ -97,7 +98,7 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 # %% ../../nbs/23_awq_quantizer.ipynb #24904cbd
 def calibration_ids(tokenizer, path=None, n_tokens: int = 2048, seq_len: int = 256) -> torch.Tensor:
     "`[n, seq_len]` token ids from the calibration text (default: the repo's `litellama/data/calibration.txt`)."
-    path = Path(path) if path else Path(__import__("litellama").__file__).parent / "data" / "calibration.txt"
+    path = Path(path) if path else data_file("calibration.txt")
     if not path.exists():
         raise FileNotFoundError(f"calibration text not found: {path}")
     ids = tokenizer(path.read_text(), return_tensors="pt").input_ids[0]
@@ -309,7 +310,7 @@ def perplexity(model_dir, text_path=None, seq_len: int = 512, block_size: int = 
     from litellama.executor.model_input import build_model_input
     from litellama.models.loader import load_model
 
-    path = Path(text_path) if text_path else Path(__import__("litellama").__file__).parent / "data" / "heldout.txt"
+    path = Path(text_path) if text_path else data_file("heldout.txt")
     model, cfg = load_model(model_dir, dtype="float32", device="cpu")
     ids = AutoTokenizer.from_pretrained(str(model_dir))(path.read_text()).input_ids
     blocks = -(-seq_len // block_size)

@@ -28,6 +28,7 @@ from ..executor.model_input import build_model_input
 from ..layers.base import QuantConfig, head_dim
 from ..layers.quant8 import fp8_block_quantize, quantize_per_channel
 from ..models.loader import iter_weights, load_model, weight_files
+from ..utils import data_file
 
 # %% ../../nbs/21_smoothquant.ipynb #6710c317
 SMOOTH_GROUPS = {  # our fused consumer -> (the norm before it, the checkpoint's consumer layers)
@@ -198,7 +199,7 @@ def calibration_sequences(tokenizer, text: str, max_tokens: int = 4096, seq_len:
 
 # %% ../../nbs/21_smoothquant.ipynb #708ba2a8
 def default_calibration_file() -> Path:
-    return Path(__file__).parent / "data" / "calibration.txt"
+    return data_file("calibration.txt")
 
 
 # %% ../../nbs/21_smoothquant.ipynb #c661c511
