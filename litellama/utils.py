@@ -9,6 +9,7 @@ __all__ = ["patch", "cache_dir", "data_file"]
 
 # %% ../nbs/00_utils.ipynb #a4f7ec32
 import functools
+import importlib.resources
 import os
 from pathlib import Path
 
@@ -41,4 +42,4 @@ def cache_dir() -> Path:
 # %% ../nbs/00_utils.ipynb #dd9162bb
 def data_file(name: str) -> Path:
     "A file shipped in `litellama/data/`."
-    return Path(__file__).resolve().parent / "data" / name
+    return Path(str(importlib.resources.files("litellama") / "data" / name))
