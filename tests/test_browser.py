@@ -199,7 +199,7 @@ def test_docs_site(browser, site):
 
 VISION_NB = {"cells": [{"cell_type": "code", "execution_count": None, "id": "v1", "metadata": {}, "outputs": [],
                         "source": "import tempfile\nfrom litellama.entrypoints.llm import LLM\nfrom litellama.entrypoints.widget import ChatWidget\n"
-                                  "from litellama.models.llava import make_llava_checkpoint\n"
+                                  "from litellama.testing.vision_checkpoints import make_llava_checkpoint\n"
                                   "llm = LLM(make_llava_checkpoint('tiny-llava', tempfile.mkdtemp()), dtype='float32', device='cpu')\n"
                                   "chat = ChatWidget(llm, max_tokens=12)\nchat"}],
              "metadata": CHAT_NB["metadata"], "nbformat": 4, "nbformat_minor": 5}

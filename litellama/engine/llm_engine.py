@@ -187,10 +187,7 @@ def from_pretrained(
     known = {k: v for k, v in engine_options.items() if k in EngineArgs.__dataclass_fields__}
     EngineArgs(model=path, data_parallel_size=data_parallel_size, **kw, **known)  # every option checked, before loading
     if data_parallel_size != 1:  # several engines are the router's job, a floor above (27_data_parallel)
-        raise ValueError(
-            "data_parallel_size > 1 runs several engines: use LLM(..., data_parallel_size=N) or "
-            "data_parallel.engine_from_pretrained"
-        )
+        raise ValueError("data_parallel_size > 1 runs several engines: use LLM or data_parallel.engine_from_pretrained")
     engine_options.pop("routing", None)  # one engine: no router
     model_dir = resolve_model_dir(path)
     device = resolve_device(device)

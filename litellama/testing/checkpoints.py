@@ -113,8 +113,11 @@ REAL_SHAPES["llama-3.2-1b"] = dict(
 SHAPES = {**{f"tiny-{k}": v for k, v in TINY_CONFIGS.items()}, **REAL_SHAPES}
 
 # %% ../../nbs/06_checkpoints.ipynb #a23e0006
-VLM_SHAPES = ("tiny-llava", "llava-1.5-7b")  # written by `models.llava.make_llava_checkpoint`, processor files included
-VLM_SHAPES += ("tiny-qwen3-vl", "qwen3-vl-4b")  # by `models.qwen3_vl.make_qwen3_vl_checkpoint`
+VLM_SHAPES = (
+    "tiny-llava",
+    "llava-1.5-7b",
+)  # written by `vision_checkpoints.make_llava_checkpoint`, processor files included
+VLM_SHAPES += ("tiny-qwen3-vl", "qwen3-vl-4b")  # by `vision_checkpoints.make_qwen3_vl_checkpoint`
 
 # %% ../../nbs/06_checkpoints.ipynb #f3e1a20d
 MOE_SHAPES = {}  # Qwen3-MoE (nbs/04b_qwen3_moe): a tiny one with a dense layer for tests, and Qwen3-30B-A3B
