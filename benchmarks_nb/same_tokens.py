@@ -55,7 +55,6 @@ if __name__ == "__main__":
     ckpts = tempfile.mkdtemp()  # both trees read the same random checkpoints
     old, new = tokens(old_tree, ckpts), tokens(new_tree, ckpts)
     for model in old:
-        print(
-            f"{model:>24}: {'same' if old[model] == new.get(model) else 'DIFFERENT'} greedy ids ({len(old[model])} prompts)"
-        )
+        same = "same" if old[model] == new.get(model) else "DIFFERENT"
+        print(f"{model:>24}: {same} greedy ids ({len(old[model])} prompts)")
     sys.exit(0 if old == new else 1)
