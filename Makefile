@@ -29,9 +29,6 @@ demo: $(VENV)/.demo
 # README.md is generated from nbs/index.ipynb.
 export: $(VENV)/.dev
 	$(BIN)/nbdev-export
-	@# nbdev writes package imports as relative ones, which sort differently from the notebook's absolute ones
-	$(BIN)/ruff check -q --fix --select I litellama
-	$(BIN)/ruff format -q litellama
 	$(BIN)/jupyter nbconvert --to markdown --stdout nbs/index.ipynb 2>/dev/null > README.md
 
 # Notebooks are the source: cleaning and exporting them must change nothing, untracked files included.
@@ -42,10 +39,11 @@ check-sync: $(VENV)/.dev
 	  echo "Notebooks and package disagree (edit the notebook, then run nbdev-export):"; \
 	  git status --porcelain; exit 1; fi
 
-# The house lint rules ([tool.ruff] in pyproject.toml) on the exported package; export formats it.
+# The house rules ([tool.ruff] in pyproject.toml): lint on the package exactly as nbdev exports it, and the format
+# on the notebooks it is exported from (the lines nbdev adds itself, `__all__` and the gaps between cells, are its own).
 lint: $(VENV)/.dev
 	$(BIN)/ruff check litellama
-	$(BIN)/ruff format --check litellama
+	$(BIN)/ruff format --check $(wildcard nbs/*.ipynb kernels_nb/*.ipynb benchmarks_nb/*.ipynb)
 
 nbtest: $(VENV)/.dev
 	$(BIN)/nbdev-test --n-workers 2 --timing

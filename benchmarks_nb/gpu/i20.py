@@ -6,72 +6,114 @@ random-weight 30B-A3B model through the engine with CUDA graphs, and HF transfor
     PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/i20.py OUT_DIR --dry-run   # tiny shapes, CPU
 
 Writes OUT_DIR/i20.json and prints a table. Every part is guarded: a failure is recorded and the next part runs."""
+
 import gc, json, os, subprocess, sys, time, traceback
 from datetime import datetime, timezone
 
 DRY = "--dry-run" in sys.argv
-if DRY: os.environ.setdefault("TRITON_INTERPRET", "1")
+if DRY:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch
 import torch.nn.functional as F
 import triton
 
 T0 = time.perf_counter()
-BUDGET_S = 80                                    # no part starts after this many seconds, unless it says (the whole run: under 150 s)
+BUDGET_S = 80  # no part starts after this many seconds, unless it says (the whole run: under 150 s)
 DEV = "cpu" if DRY else "cuda"
 DT = torch.float32 if DRY else torch.bfloat16
 SHAPE = dict(E=4, K=2, H=64, I=128) if DRY else dict(E=128, K=8, H=2048, I=768)
 TOKENS = (1, 3) if DRY else (1, 16, 64, 4096)
 out_dir = next((a for a in sys.argv[1:] if not a.startswith("--")), os.environ.get("OUT", "."))
-res = dict(name="i20", dry_run=DRY, command=" ".join([sys.executable] + sys.argv), shape=SHAPE, dtype=str(DT), parts={}, errors={})
+res = dict(
+    name="i20",
+    dry_run=DRY,
+    command=" ".join([sys.executable] + sys.argv),
+    shape=SHAPE,
+    dtype=str(DT),
+    parts={},
+    errors={},
+)
+
 
 def env():
     import transformers
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
-    except Exception: commit = "unknown"
-    return dict(gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)", torch=torch.__version__,
-                triton=triton.__version__, transformers=transformers.__version__,
-                date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=commit)
+
+    try:
+        commit = (
+            subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+            or "unknown"
+        )
+    except Exception:
+        commit = "unknown"
+    return dict(
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        transformers=transformers.__version__,
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        commit=commit,
+    )
+
 
 def sync():
-    if DEV == "cuda": torch.cuda.synchronize()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
 
 def bench_ms(fn, reps=None):
     "Median ms: triton's do_bench on a GPU; wall clock of a few calls on the CPU."
-    if DEV == "cuda": return triton.testing.do_bench(fn, warmup=10, rep=reps or 60, return_mode="median")
+    if DEV == "cuda":
+        return triton.testing.do_bench(fn, warmup=10, rep=reps or 60, return_mode="median")
     ts = []
     for _ in range(3):
-        t = time.perf_counter(); fn(); ts.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e3)
     return sorted(ts)[1]
+
 
 def graph_ms(fn, calls=10):
     "Ms per call of `fn` recorded `calls` times in one CUDA graph (no launch overhead); None on the CPU."
-    if DEV != "cuda": return None
+    if DEV != "cuda":
+        return None
     from litellama.kernels.tuned import graph_ms as g
+
     return g(fn, calls=calls)
+
 
 def part(name, start_before=None):
     "Run a part unless it would start after `start_before` seconds (default `BUDGET_S`); record its result or its error."
+
     def deco(fn):
-        limit = (start_before or BUDGET_S) * (20 if DRY else 1)      # the CPU dry run is slow: it checks the code, not the time
+        limit = (start_before or BUDGET_S) * (
+            20 if DRY else 1
+        )  # the CPU dry run is slow: it checks the code, not the time
         if time.perf_counter() - T0 > limit:
-            res["errors"][name] = f"skipped: started after {limit} s of the run"; return fn
+            res["errors"][name] = f"skipped: started after {limit} s of the run"
+            return fn
         t = time.perf_counter()
-        try: res["parts"][name] = fn()
+        try:
+            res["parts"][name] = fn()
         except Exception as e:
-            res["errors"][name] = f"{type(e).__name__}: {e}"; traceback.print_exc()
+            res["errors"][name] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
         res.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t, 2)
         gc.collect()
-        if DEV == "cuda": torch.cuda.empty_cache()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
         return fn
+
     return deco
+
 
 res["environment"] = env()
 from litellama.kernels import fused_moe as fm
 
 E, K, H, I = SHAPE["E"], SHAPE["K"], SHAPE["H"], SHAPE["I"]
 g = torch.Generator(device=DEV).manual_seed(0)
-w13 = (torch.randn(E, 2 * I, H, device=DEV, generator=g) / H ** 0.5).to(DT)
-w2 = (torch.randn(E, H, I, device=DEV, generator=g) / I ** 0.5).to(DT)
+w13 = (torch.randn(E, 2 * I, H, device=DEV, generator=g) / H**0.5).to(DT)
+w2 = (torch.randn(E, H, I, device=DEV, generator=g) / I**0.5).to(DT)
+
 
 def routing(T, seed):
     gg = torch.Generator(device=DEV).manual_seed(seed)
@@ -79,20 +121,27 @@ def routing(T, seed):
     tw, ti = fm.moe_topk(torch.randn(T, E, device=DEV, generator=gg).to(DT), K, True)
     return x, tw, ti
 
+
 def grouped_mm_moe(x, w13, w2, tw, ti):
     "The same block on `torch._grouped_mm`: slots sorted by expert, one grouped GEMM each for gate|up and down."
     T = x.shape[0]
     flat = ti.flatten().long()
     order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int32)
+    )
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     gu = torch._grouped_mm(x[order // K], w13.transpose(1, 2), offs=offs)
     h = F.silu(gu[:, :I]) * gu[:, I:]
     y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs) * tw.flatten()[order, None]
-    out = torch.empty_like(y); out[order] = y
+    out = torch.empty_like(y)
+    out[order] = y
     return out.view(T, K, H).sum(1, dtype=torch.float32).to(x.dtype)
 
-def rel_err(a, b): return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
+
+def rel_err(a, b):
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
+
 
 @part("correctness_bf16")
 def _():
@@ -101,16 +150,25 @@ def _():
         x, tw, ti = routing(T, T)
         ref = fm.fused_moe_reference(x, w13, w2, tw, ti)
         r = dict(tokens=T, fused_vs_loop=rel_err(fm.fused_moe(x, w13, w2, tw, ti), ref))
-        r["fused_vs_fp32_loop"] = rel_err(fm.fused_moe(x, w13, w2, tw, ti), fm.fused_moe_reference(x.float(), w13.float(), w2.float(), tw.float(), ti))
-        r["loop_vs_fp32_loop"] = rel_err(ref, fm.fused_moe_reference(x.float(), w13.float(), w2.float(), tw.float(), ti))
+        r["fused_vs_fp32_loop"] = rel_err(
+            fm.fused_moe(x, w13, w2, tw, ti), fm.fused_moe_reference(x.float(), w13.float(), w2.float(), tw.float(), ti)
+        )
+        r["loop_vs_fp32_loop"] = rel_err(
+            ref, fm.fused_moe_reference(x.float(), w13.float(), w2.float(), tw.float(), ti)
+        )
         if hasattr(torch, "_grouped_mm") and not DRY:
-            try: r["grouped_mm_vs_loop"] = rel_err(grouped_mm_moe(x, w13, w2, tw, ti), ref)
-            except Exception as e: r["grouped_mm_error"] = f"{type(e).__name__}: {e}"
+            try:
+                r["grouped_mm_vs_loop"] = rel_err(grouped_mm_moe(x, w13, w2, tw, ti), ref)
+            except Exception as e:
+                r["grouped_mm_error"] = f"{type(e).__name__}: {e}"
         r["ok"] = r["fused_vs_loop"] < (1e-5 if DRY else 2e-2)
         rows.append(r)
     return rows
 
+
 w13_8 = s13 = w2_8 = s2 = None
+
+
 @part("correctness_fp8")
 def _():
     global w13_8, s13, w2_8, s2
@@ -124,6 +182,7 @@ def _():
         rows.append(dict(tokens=T, fused_fp8_vs_dequantized_loop=e, ok=e < (1e-5 if DRY else 2e-2)))
     return rows
 
+
 @part("kernels")
 def _():
     rows, e = [], torch.finfo(DT).bits // 8
@@ -131,57 +190,84 @@ def _():
         x, tw, ti = routing(T, T)
         touched = int(torch.unique(ti).numel())
         flops = 2 * T * K * 3 * H * I
-        act_bytes = (T * H * 2 + T * K * (2 * I + 2 * H)) * e          # x in, out, the [S, I] and [S, H] rows written and read
-        cands = {"fused": lambda: fm.fused_moe(x, w13, w2, tw, ti), "loop": lambda: fm.fused_moe_reference(x, w13, w2, tw, ti)}
-        if hasattr(torch, "_grouped_mm") and not DRY: cands["grouped_mm"] = lambda: grouped_mm_moe(x, w13, w2, tw, ti)
-        if w13_8 is not None: cands["fused_fp8"] = lambda: fm.fused_moe(x, w13_8, w2_8, tw, ti, s13, s2)
+        act_bytes = (T * H * 2 + T * K * (2 * I + 2 * H)) * e  # x in, out, the [S, I] and [S, H] rows written and read
+        cands = {
+            "fused": lambda: fm.fused_moe(x, w13, w2, tw, ti),
+            "loop": lambda: fm.fused_moe_reference(x, w13, w2, tw, ti),
+        }
+        if hasattr(torch, "_grouped_mm") and not DRY:
+            cands["grouped_mm"] = lambda: grouped_mm_moe(x, w13, w2, tw, ti)
+        if w13_8 is not None:
+            cands["fused_fp8"] = lambda: fm.fused_moe(x, w13_8, w2_8, tw, ti, s13, s2)
         for name, fn in cands.items():
             r = dict(tokens=T, impl=name, experts_touched=touched)
             try:
-                fn(); sync()
+                fn()
+                sync()
                 r["ms"] = bench_ms(fn)
                 if name != "loop":
-                    try: r["graph_ms"] = graph_ms(fn)
-                    except Exception as ex: r["graph_error"] = f"{type(ex).__name__}: {ex}"
+                    try:
+                        r["graph_ms"] = graph_ms(fn)
+                    except Exception as ex:
+                        r["graph_error"] = f"{type(ex).__name__}: {ex}"
                 wb = touched * 3 * H * I * (1 if name == "fused_fp8" else e)
                 t = min(v for v in (r["ms"], r.get("graph_ms")) if v)
                 r.update(tflops=flops / t / 1e9, gbps=(wb + act_bytes) / t / 1e6, best_ms=t)
-            except Exception as ex: r["error"] = f"{type(ex).__name__}: {ex}"
+            except Exception as ex:
+                r["error"] = f"{type(ex).__name__}: {ex}"
             rows.append(r)
-    for T in TOKENS:                                               # routing: one kernel against five torch ops
+    for T in TOKENS:  # routing: one kernel against five torch ops
         logits = torch.randn(T, E, device=DEV, dtype=DT)
-        for name, fn in (("route_fused", lambda: fm.topk_softmax(logits, K, True)), ("route_torch", lambda: fm.moe_topk(logits, K, True))):
+        for name, fn in (
+            ("route_fused", lambda: fm.topk_softmax(logits, K, True)),
+            ("route_torch", lambda: fm.moe_topk(logits, K, True)),
+        ):
             r = dict(tokens=T, impl=name)
             try:
-                fn(); sync(); r["ms"] = bench_ms(fn)
+                fn()
+                sync()
+                r["ms"] = bench_ms(fn)
                 r["graph_ms"] = graph_ms(fn)
                 r["same_experts"] = bool((fm.topk_softmax(logits, K, True)[1] == fm.moe_topk(logits, K, True)[1]).all())
-            except Exception as ex: r["error"] = f"{type(ex).__name__}: {ex}"
+            except Exception as ex:
+                r["error"] = f"{type(ex).__name__}: {ex}"
             rows.append(r)
-    for T in TOKENS:                                               # speed-ups over the loop
+    for T in TOKENS:  # speed-ups over the loop
         by = {r["impl"]: r for r in rows if r["tokens"] == T and "best_ms" in r}
         if "loop" in by:
-            for r in by.values(): r["speedup_vs_loop"] = by["loop"]["best_ms"] / r["best_ms"]
+            for r in by.values():
+                r["speedup_vs_loop"] = by["loop"]["best_ms"] / r["best_ms"]
     return rows
+
 
 @part("copy_bandwidth_gbps")
 def _():
-    if DRY: return None
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+    if DRY:
+        return None
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
     return 2 * a.numel() / triton.testing.do_bench(lambda: b.copy_(a), warmup=10, rep=50, return_mode="median") / 1e6
 
+
 del w13, w2, w13_8, w2_8
-if DEV == "cuda": torch.cuda.empty_cache()
+if DEV == "cuda":
+    torch.cuda.empty_cache()
 
 from litellama.testing.checkpoints import SHAPES
 from litellama.testing.tokenizer import make_tokenizer
+
 like = "tiny-qwen3-moe" if DRY else "qwen3-30b-a3b"
 PROMPT, GEN = 16, (8 if DRY else 64)
 from litellama.benchmarks.harness import W1_ROWS, random_prompts
-W1 = [(1, 8, 4), (3, 5, 3)] if DRY else W1_ROWS                  # (batch, prompt, generated), BENCHMARKS.md's workload 1
-HF_W1_TOKENS, HF_W1_SECONDS = (2 if DRY else 32), (20 if DRY else 40)   # HF is slow: its tokens per row and its total time are capped
-RUN_LIMIT_S = 145                                # HF's workload-1 rows stop starting after this (the whole run: under 150 s)
+
+W1 = [(1, 8, 4), (3, 5, 3)] if DRY else W1_ROWS  # (batch, prompt, generated), BENCHMARKS.md's workload 1
+HF_W1_TOKENS, HF_W1_SECONDS = (
+    (2 if DRY else 32),
+    (20 if DRY else 40),
+)  # HF is slow: its tokens per row and its total time are capped
+RUN_LIMIT_S = 145  # HF's workload-1 rows stop starting after this (the whole run: under 150 s)
 MODEL = {}
+
 
 @part("engine_tpot_batch1", start_before=45)
 def _():
@@ -189,47 +275,99 @@ def _():
     from litellama.engine.llm_engine import ContinuousBatchingEngine
     from litellama.sampling_params import SamplingParams
     from litellama.models.qwen3_moe import random_model
+
     cfg = AutoConfig.for_model(**SHAPES[like])
     t = time.perf_counter()
     model = random_model(cfg, DT, DEV, seed=0)
-    sync(); build_s = time.perf_counter() - t
+    sync()
+    build_s = time.perf_counter() - t
     t = time.perf_counter()
-    eng = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=1, max_model_len=256, max_num_batched_tokens=256,
-                                   num_kv_blocks=64, enable_prefix_caching=False)
-    sync(); setup_s = time.perf_counter() - t
+    eng = ContinuousBatchingEngine(
+        model,
+        cfg,
+        make_tokenizer(),
+        device=DEV,
+        dtype=DT,
+        max_num_seqs=1,
+        max_model_len=256,
+        max_num_batched_tokens=256,
+        num_kv_blocks=64,
+        enable_prefix_caching=False,
+    )
+    sync()
+    setup_s = time.perf_counter() - t
     runs = []
-    for seed in range(3):                                          # the first warms up
-        prompt = torch.randint(0, min(10000, cfg.vocab_size), (PROMPT,), generator=torch.Generator().manual_seed(seed)).tolist()
+    for seed in range(3):  # the first warms up
+        prompt = torch.randint(
+            0, min(10000, cfg.vocab_size), (PROMPT,), generator=torch.Generator().manual_seed(seed)
+        ).tolist()
         eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=GEN, ignore_eos=True))
         times = []
         while eng.has_unfinished_requests():
-            outs = eng.step(); times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
+            outs = eng.step()
+            times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
         runs.append((times[-1] - times[0]) / (len(times) - 1) * 1e3)
     profile = None
-    try:                                                           # where a decode step's time goes: top kernels
+    try:  # where a decode step's time goes: top kernels
         from torch.profiler import profile as tprof, ProfilerActivity
+
         eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
-        eng.step(); sync()                                         # the prefill, outside the profile
+        eng.step()
+        sync()  # the prefill, outside the profile
         with tprof(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])) as prof:
-            while eng.has_unfinished_requests(): eng.step()
+            while eng.has_unfinished_requests():
+                eng.step()
             sync()
-        key = next(k for k in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total")
-                   if hasattr(prof.key_averages()[0], k) and (DEV == "cuda" or k == "self_cpu_time_total"))
+        key = next(
+            k
+            for k in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total")
+            if hasattr(prof.key_averages()[0], k) and (DEV == "cuda" or k == "self_cpu_time_total")
+        )
         ev = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))[:15]
-        profile = dict(steps=8, metric=key, top=[dict(name=e.key[:90], us=getattr(e, key), us_per_step=getattr(e, key) / 8, calls=e.count) for e in ev])
-        groups = {"dense linears (qkv, o, router)": ("_skinny_linear", "nvjet", "gemv", "gemm"), "expert GEMMs": ("_moe_gate_up", "_moe_down"),
-                  "MoE glue (routing, alignment, top-k sum)": ("_moe_align", "_topk_softmax", "reduce_kernel", "bfloat16_copy"),
-                  "attention": ("_decode_", "_split_sum", "_rope"), "norms": ("_rms_norm",)}
-        kern = [e for e in prof.key_averages() if getattr(e, key) > 0 and not e.key.startswith(("aten::", "cuda", "Activity"))]
-        profile["us_per_step_by_group"] = {g: sum(getattr(e, key) for e in kern if any(t in e.key for t in pats)) / 8 for g, pats in groups.items()}
+        profile = dict(
+            steps=8,
+            metric=key,
+            top=[dict(name=e.key[:90], us=getattr(e, key), us_per_step=getattr(e, key) / 8, calls=e.count) for e in ev],
+        )
+        groups = {
+            "dense linears (qkv, o, router)": ("_skinny_linear", "nvjet", "gemv", "gemm"),
+            "expert GEMMs": ("_moe_gate_up", "_moe_down"),
+            "MoE glue (routing, alignment, top-k sum)": (
+                "_moe_align",
+                "_topk_softmax",
+                "reduce_kernel",
+                "bfloat16_copy",
+            ),
+            "attention": ("_decode_", "_split_sum", "_rope"),
+            "norms": ("_rms_norm",),
+        }
+        kern = [
+            e
+            for e in prof.key_averages()
+            if getattr(e, key) > 0 and not e.key.startswith(("aten::", "cuda", "Activity"))
+        ]
+        profile["us_per_step_by_group"] = {
+            g: sum(getattr(e, key) for e in kern if any(t in e.key for t in pats)) / 8 for g, pats in groups.items()
+        }
         profile["us_per_step_all_kernels"] = sum(getattr(e, key) for e in kern) / 8
-    except Exception as e: profile = f"{type(e).__name__}: {e}"
+    except Exception as e:
+        profile = f"{type(e).__name__}: {e}"
     graphs = sorted(eng.runner.graphs) if hasattr(eng.runner, "graphs") else None
     params = sum(p.numel() for p in model.parameters())
     del eng
-    MODEL["ours"] = model                                          # workload 1 reuses it, then frees it before HF
-    return dict(tpot_ms=sorted(runs[1:])[len(runs[1:]) // 2], runs_ms=runs, cuda_graph_sizes=graphs, params=params,
-                build_s=build_s, engine_setup_s=setup_s, prompt=PROMPT, generated=GEN, decode_profile=profile)
+    MODEL["ours"] = model  # workload 1 reuses it, then frees it before HF
+    return dict(
+        tpot_ms=sorted(runs[1:])[len(runs[1:]) // 2],
+        runs_ms=runs,
+        cuda_graph_sizes=graphs,
+        params=params,
+        build_s=build_s,
+        engine_setup_s=setup_s,
+        prompt=PROMPT,
+        generated=GEN,
+        decode_profile=profile,
+    )
+
 
 @part("workload1_litellama", start_before=60)
 def _():
@@ -238,89 +376,145 @@ def _():
     from litellama.engine.llm_engine import ContinuousBatchingEngine
     from litellama.entrypoints.llm import LLM
     from litellama.benchmarks.harness import ours_generate
+
     cfg = AutoConfig.for_model(**SHAPES[like])
     model = MODEL.get("ours")
-    if model is None: raise RuntimeError("no model: the TPOT part failed or was skipped")
+    if model is None:
+        raise RuntimeError("no model: the TPOT part failed or was skipped")
     n_seqs = max(b for b, _, _ in W1)
     blocks = max(-(-(p + g) // 16) * b for b, p, g in W1) + 64
     t = time.perf_counter()
     llm = LLM.__new__(LLM)
-    llm.engine = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=n_seqs, max_model_len=512,
-                                          max_num_batched_tokens=4096 if not DRY else 64, num_kv_blocks=blocks, enable_prefix_caching=False)
-    sync(); setup_s = time.perf_counter() - t
+    llm.engine = ContinuousBatchingEngine(
+        model,
+        cfg,
+        make_tokenizer(),
+        device=DEV,
+        dtype=DT,
+        max_num_seqs=n_seqs,
+        max_model_len=512,
+        max_num_batched_tokens=4096 if not DRY else 64,
+        num_kv_blocks=blocks,
+        enable_prefix_caching=False,
+    )
+    sync()
+    setup_s = time.perf_counter() - t
     rows = []
     for b, p, g in W1:
         prompts = random_prompts(b, p, seed=b, vocab=min(10000, cfg.vocab_size))
-        ours_generate(llm, prompts[:1], 4)                         # warm-up
+        ours_generate(llm, prompts[:1], 4)  # warm-up
         n, s = ours_generate(llm, prompts, g)
         rows.append(dict(batch=b, prompt=p, generated=g, litellama_tok_s=n / s, seconds=s))
         print("workload1 litellama", rows[-1], flush=True)
     del llm
     MODEL.clear()
     return dict(rows=rows, engine_setup_s=setup_s, num_kv_blocks=blocks)
+
+
 MODEL.clear()
 gc.collect()
-if DEV == "cuda": torch.cuda.empty_cache()
+if DEV == "cuda":
+    torch.cuda.empty_cache()
+
 
 @part("hf_batch1", start_before=100)
 def _():
     from transformers import AutoConfig, AutoModelForCausalLM
+
     cfg = AutoConfig.for_model(**SHAPES[like])
     t = time.perf_counter()
-    with torch.device(DEV): hf = AutoModelForCausalLM.from_config(cfg, dtype=DT)
-    hf.eval(); sync(); build_s = time.perf_counter() - t
+    with torch.device(DEV):
+        hf = AutoModelForCausalLM.from_config(cfg, dtype=DT)
+    hf.eval()
+    sync()
+    build_s = time.perf_counter() - t
     ids = torch.randint(0, min(10000, cfg.vocab_size), (1, PROMPT), device=DEV)
     n = 4 if DRY else 16
     with torch.inference_mode():
-        hf.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)   # warm up
-        sync(); t = time.perf_counter()
+        hf.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)  # warm up
+        sync()
+        t = time.perf_counter()
         out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        sync(); s = time.perf_counter() - t
+        sync()
+        s = time.perf_counter() - t
     impl = getattr(hf.config, "_experts_implementation", None)
     rows, t_w1 = [], time.perf_counter()
-    try:                                                           # workload 1's rows, HF's tokens and time capped
+    try:  # workload 1's rows, HF's tokens and time capped
         from litellama.benchmarks.harness import hf_generate
+
         for b, p, g in W1:
             if time.perf_counter() - t_w1 > HF_W1_SECONDS or (not DRY and time.perf_counter() - T0 > RUN_LIMIT_S - 8):
-                rows.append(dict(batch=b, prompt=p, skipped=f"HF's {HF_W1_SECONDS} s for workload 1 spent")); continue
+                rows.append(dict(batch=b, prompt=p, skipped=f"HF's {HF_W1_SECONDS} s for workload 1 spent"))
+                continue
             n_new = min(g, HF_W1_TOKENS)
             prompts = random_prompts(b, p, seed=b, vocab=min(10000, cfg.vocab_size))
             n_h, t_h = hf_generate(hf, prompts, n_new, b)
             rows.append(dict(batch=b, prompt=p, generated=n_new, hf_tok_s=n_h / t_h, seconds=t_h))
             print("workload1 hf", rows[-1], flush=True)
-    except Exception as e: rows.append(dict(error=f"{type(e).__name__}: {e}"))
+    except Exception as e:
+        rows.append(dict(error=f"{type(e).__name__}: {e}"))
     del hf
-    return dict(output_tok_s=(out.shape[1] - PROMPT) / s, seconds=s, generated=n, build_s=build_s, experts_implementation=impl,
-                workload1=rows)
+    return dict(
+        output_tok_s=(out.shape[1] - PROMPT) / s,
+        seconds=s,
+        generated=n,
+        build_s=build_s,
+        experts_implementation=impl,
+        workload1=rows,
+    )
+
 
 p = res["parts"]
 if "engine_tpot_batch1" in p and "hf_batch1" in p:
     p["batch1_speedup_vs_hf"] = (1e3 / p["engine_tpot_batch1"]["tpot_ms"]) / p["hf_batch1"]["output_tok_s"]
-if "workload1_litellama" in p:                                    # workload 1 side by side (HF: fewer tokens per row, see hf_generated)
+if "workload1_litellama" in p:  # workload 1 side by side (HF: fewer tokens per row, see hf_generated)
     hf_rows = {(r["batch"], r["prompt"]): r for r in p.get("hf_batch1", {}).get("workload1", []) if "hf_tok_s" in r}
     p["workload1"] = []
     for r in p["workload1_litellama"]["rows"]:
         h = hf_rows.get((r["batch"], r["prompt"]))
-        p["workload1"].append(dict(batch=r["batch"], prompt=r["prompt"], generated=r["generated"], litellama_tok_s=r["litellama_tok_s"],
-                                   hf_tok_s=h and h["hf_tok_s"], hf_generated=h and h["generated"],
-                                   speedup=h and r["litellama_tok_s"] / h["hf_tok_s"]))
+        p["workload1"].append(
+            dict(
+                batch=r["batch"],
+                prompt=r["prompt"],
+                generated=r["generated"],
+                litellama_tok_s=r["litellama_tok_s"],
+                hf_tok_s=h and h["hf_tok_s"],
+                hf_generated=h and h["generated"],
+                speedup=h and r["litellama_tok_s"] / h["hf_tok_s"],
+            )
+        )
 res["total_seconds"] = round(time.perf_counter() - T0, 1)
 os.makedirs(out_dir, exist_ok=True)
 path = os.path.join(out_dir, "i20.json")
-with open(path, "w") as f: json.dump(res, f, indent=1, default=str)
+with open(path, "w") as f:
+    json.dump(res, f, indent=1, default=str)
 
 print(f"\n{'part':<22} {'tokens':>6} {'impl':<11} {'ms':>9} {'graph ms':>9} {'TFLOP/s':>8} {'GB/s':>8} {'x loop':>7}")
 for r in p.get("kernels", []):
     f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"
-    print(f"{'kernels':<22} {r['tokens']:>6} {r['impl']:<11} {f('ms', '9.4f')} {f('graph_ms', '9.4f')} {f('tflops', '8.2f')} {f('gbps', '8.0f')} {f('speedup_vs_loop', '7.1f')}")
+    print(
+        f"{'kernels':<22} {r['tokens']:>6} {r['impl']:<11} {f('ms', '9.4f')} {f('graph_ms', '9.4f')} {f('tflops', '8.2f')} {f('gbps', '8.0f')} {f('speedup_vs_loop', '7.1f')}"
+    )
 for k in ("correctness_bf16", "correctness_fp8"):
-    for r in p.get(k, []): print(f"{k:<22} {r['tokens']:>6} ok={r['ok']}  " + " ".join(f"{a}={b:.2e}" for a, b in r.items() if isinstance(b, float)))
-if "engine_tpot_batch1" in p: print(f"engine batch-1 TPOT {p['engine_tpot_batch1']['tpot_ms']:.2f} ms ({like})")
+    for r in p.get(k, []):
+        print(
+            f"{k:<22} {r['tokens']:>6} ok={r['ok']}  "
+            + " ".join(f"{a}={b:.2e}" for a, b in r.items() if isinstance(b, float))
+        )
+if "engine_tpot_batch1" in p:
+    print(f"engine batch-1 TPOT {p['engine_tpot_batch1']['tpot_ms']:.2f} ms ({like})")
 if isinstance(p.get("engine_tpot_batch1", {}).get("decode_profile"), dict):
-    for g_, us in p["engine_tpot_batch1"]["decode_profile"].get("us_per_step_by_group", {}).items(): print(f"  decode step {g_:<42} {us:8.1f} us")
-if "hf_batch1" in p: print(f"HF batch-1 {p['hf_batch1']['output_tok_s']:.2f} tok/s; speed-up {p.get('batch1_speedup_vs_hf', float('nan')):.1f}x")
+    for g_, us in p["engine_tpot_batch1"]["decode_profile"].get("us_per_step_by_group", {}).items():
+        print(f"  decode step {g_:<42} {us:8.1f} us")
+if "hf_batch1" in p:
+    print(
+        f"HF batch-1 {p['hf_batch1']['output_tok_s']:.2f} tok/s; speed-up {p.get('batch1_speedup_vs_hf', float('nan')):.1f}x"
+    )
 for r in p.get("workload1", []):
     f = lambda k: format(r[k], "10.1f") if r.get(k) is not None else "         -"
-    print(f"workload1 {r['batch']:>4}x{r['prompt']}x{r['generated']:<4} litellama {f('litellama_tok_s')} tok/s  HF {f('hf_tok_s')} tok/s ({r['hf_generated']} tokens)  x{f('speedup')}")
-for k, v in res["errors"].items(): print(f"ERROR {k}: {v}")
+    print(
+        f"workload1 {r['batch']:>4}x{r['prompt']}x{r['generated']:<4} litellama {f('litellama_tok_s')} tok/s  HF {f('hf_tok_s')} tok/s ({r['hf_generated']} tokens)  x{f('speedup')}"
+    )
+for k, v in res["errors"].items():
+    print(f"ERROR {k}: {v}")
 print(f"wrote {path} in {res['total_seconds']} s")

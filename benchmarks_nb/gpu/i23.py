@@ -5,6 +5,7 @@ and 32 with images. Random weights (speed does not depend on their values), buil
     PYTHONPATH=. python3 benchmarks_nb/gpu/i23.py $OUT            # on the GPU: writes $OUT/i23.json
     PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/i23.py /tmp/out --dry-run   # tiny shapes on the CPU
 """
+
 import datetime, json, os, statistics, subprocess, sys, time, traceback
 import numpy as np
 import torch
@@ -20,37 +21,58 @@ RES = {"errors": {}}
 
 
 def sync():
-    if DEV == "cuda": torch.cuda.synchronize()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed(fn, reps=5, warmup=1):
     "Median wall seconds of `fn()` (synchronised), after `warmup` calls."
-    for _ in range(warmup): fn()
+    for _ in range(warmup):
+        fn()
     ts = []
     for _ in range(reps):
-        sync(); t = time.perf_counter(); fn(); sync(); ts.append(time.perf_counter() - t)
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t)
     return statistics.median(ts)
 
 
 def part(name):
     "Run one part; record its error and go on."
+
     def wrap(fn):
         t = time.perf_counter()
-        try: fn()
+        try:
+            fn()
         except Exception as e:
-            RES["errors"][name] = f"{type(e).__name__}: {e}"; traceback.print_exc()
+            RES["errors"][name] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
         RES.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t, 2)
         return fn
+
     return wrap
 
 
 def meta():
     import triton, transformers
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except Exception: commit = "unknown"
-    RES.update(gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", torch=torch.__version__,
-               triton=triton.__version__, transformers=transformers.__version__, date=datetime.datetime.now(datetime.UTC).isoformat(),
-               commit=commit, command=" ".join([sys.executable, *sys.argv]), shape=LIKE, dtype=str(DT))
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:
+        commit = "unknown"
+    RES.update(
+        gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        transformers=transformers.__version__,
+        date=datetime.datetime.now(datetime.UTC).isoformat(),
+        commit=commit,
+        command=" ".join([sys.executable, *sys.argv]),
+        shape=LIKE,
+        dtype=str(DT),
+    )
 
 
 meta()
@@ -73,11 +95,13 @@ def pixels_of(images):
 
 
 class Processor:
-    def __call__(self, images, return_tensors="pt"): return {"pixel_values": pixels_of(images)}
+    def __call__(self, images, return_tensors="pt"):
+        return {"pixel_values": pixels_of(images)}
 
 
 def random_images(n, seed):
     from PIL import Image
+
     rng = np.random.default_rng(seed)
     return [Image.fromarray(rng.integers(0, 256, (S, S, 3), dtype=np.uint8)) for _ in range(n)]
 
@@ -85,34 +109,50 @@ def random_images(n, seed):
 t0 = time.perf_counter()
 with torch.device(DEV):
     hf = HFLlava._from_config(config, dtype=DT).eval()
-with torch.no_grad():   # HF initialises norms to 1 and biases to 0: perturb them so they are tested
+with torch.no_grad():  # HF initialises norms to 1 and biases to 0: perturb them so they are tested
     for n, p in hf.named_parameters():
-        if "norm" in n or "bias" in n: p.add_(torch.randn_like(p) * 0.05)
+        if "norm" in n or "bias" in n:
+            p.add_(torch.randn_like(p) * 0.05)
 ours = LlavaForConditionalGeneration(config, dtype=DT, device=DEV)
 load_weights(ours, hf.state_dict().items())
 RES["build_seconds"] = round(time.perf_counter() - t0, 2)
 N_IMG = ours.num_image_tokens
 V = config.text_config.vocab_size
 rng = np.random.default_rng(0)
-text_ids = lambda n: rng.integers(3, min(IMAGE_TOKEN, 30000) - 1, n).tolist()   # never the image token
-prompt_ids = lambda: text_ids(5) + [IMAGE_TOKEN] + text_ids(20)      # "USER: <image>\n ... ASSISTANT:" of 26 tokens
+text_ids = lambda n: rng.integers(3, min(IMAGE_TOKEN, 30000) - 1, n).tolist()  # never the image token
+prompt_ids = lambda: text_ids(5) + [IMAGE_TOKEN] + text_ids(20)  # "USER: <image>\n ... ASSISTANT:" of 26 tokens
 
 
 def eng_prompt_ids(ids):
     i = ids.index(IMAGE_TOKEN)
-    return ids[:i] + [IMAGE_TOKEN] * N_IMG + ids[i + 1:]
+    return ids[:i] + [IMAGE_TOKEN] * N_IMG + ids[i + 1 :]
 
 
 _engines = {}
+
+
 def make_engine(max_num_seqs):
-    if max_num_seqs in _engines: return _engines[max_num_seqs]
-    for e in list(_engines.values()): del e
+    if max_num_seqs in _engines:
+        return _engines[max_num_seqs]
+    for e in list(_engines.values()):
+        del e
     _engines.clear()
-    if DEV == "cuda": torch.cuda.empty_cache()
-    eng = ContinuousBatchingEngine(ours, config.text_config, None, None, device=DEV, dtype=DT, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=8192 if not DRY else 256, block_size=16,
-                                   kv_cache_memory=(8 << 30) if not DRY else None, num_kv_blocks=None if not DRY else 256,
-                                   enable_prefix_caching=False)
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+    eng = ContinuousBatchingEngine(
+        ours,
+        config.text_config,
+        None,
+        None,
+        device=DEV,
+        dtype=DT,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=8192 if not DRY else 256,
+        block_size=16,
+        kv_cache_memory=(8 << 30) if not DRY else None,
+        num_kv_blocks=None if not DRY else 256,
+        enable_prefix_caching=False,
+    )
     eng.image_processor = Processor()
     _engines[max_num_seqs] = eng
     return eng
@@ -133,15 +173,25 @@ def _():
     # greedy tokens through the engine against HF generate, one image prompt
     eng = make_engine(4)
     ids = prompt_ids()
-    rid = eng.add_request({"prompt_token_ids": ids, "multi_modal_data": {"image": imgs[0]}},
-                          SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    rid = eng.add_request(
+        {"prompt_token_ids": ids, "multi_modal_data": {"image": imgs[0]}},
+        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+    )
     got = []
     while eng.has_unfinished_requests():
-        for o in eng.step(): got += o.token_ids
+        for o in eng.step():
+            got += o.token_ids
     expanded = eng_prompt_ids(ids)
     with torch.no_grad():
-        want = hf.generate(torch.tensor([expanded], device=DEV), pixel_values=px[:1].to(DT), max_new_tokens=16, min_new_tokens=16,
-                           do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(expanded):].tolist()
+        want = hf.generate(
+            torch.tensor([expanded], device=DEV),
+            pixel_values=px[:1].to(DT),
+            max_new_tokens=16,
+            min_new_tokens=16,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(expanded) :].tolist()
     RES["greedy_16_tokens_equal_prefix"] = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
     RES["greedy_ours"], RES["greedy_hf"] = got, want
     del eng
@@ -154,7 +204,11 @@ def _():
         with torch.no_grad():
             t_ours = timed(lambda: ours.embed_images(px))
             t_hf = timed(lambda: hf.get_image_features(pixel_values=px.to(DT)))
-        RES.setdefault("vision_tower_ms", {})[b] = {"litellama": t_ours * 1e3, "hf": t_hf * 1e3, "speedup": t_hf / t_ours}
+        RES.setdefault("vision_tower_ms", {})[b] = {
+            "litellama": t_ours * 1e3,
+            "hf": t_hf * 1e3,
+            "speedup": t_hf / t_ours,
+        }
 
 
 @part("ttft")
@@ -162,16 +216,29 @@ def _():
     eng = make_engine(32)
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     seeds = iter(range(100, 200))
+
     def ours_once():
-        eng.add_request({"prompt_token_ids": prompt_ids(), "multi_modal_data": {"image": random_images(1, next(seeds))[0]}}, sp)
-        while eng.has_unfinished_requests(): eng.step()
+        eng.add_request(
+            {"prompt_token_ids": prompt_ids(), "multi_modal_data": {"image": random_images(1, next(seeds))[0]}}, sp
+        )
+        while eng.has_unfinished_requests():
+            eng.step()
+
     px = pixels_of(random_images(1, 7)).to(DEV, DT)
     ids = torch.tensor([eng_prompt_ids(prompt_ids())], device=DEV)
+
     def hf_once():
-        with torch.no_grad(): hf.generate(ids, pixel_values=px, max_new_tokens=1, do_sample=False, pad_token_id=0)
+        with torch.no_grad():
+            hf.generate(ids, pixel_values=px, max_new_tokens=1, do_sample=False, pad_token_id=0)
+
     t_ours, t_hf = timed(ours_once), timed(hf_once)
-    RES["ttft_ms_one_image"] = {"litellama": t_ours * 1e3, "hf": t_hf * 1e3, "speedup": t_hf / t_ours,
-                                "prompt_tokens": ids.shape[1], "note": "litellama: add_request (preprocess, vision tower) + prefill + first token"}
+    RES["ttft_ms_one_image"] = {
+        "litellama": t_ours * 1e3,
+        "hf": t_hf * 1e3,
+        "speedup": t_hf / t_ours,
+        "prompt_tokens": ids.shape[1],
+        "note": "litellama: add_request (preprocess, vision tower) + prefill + first token",
+    }
 
 
 @part("decode")
@@ -180,41 +247,63 @@ def _():
         eng = make_engine(32)
         imgs = random_images(B, 1000 + B)
         sp = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
+
         def run_ours():
-            for im in imgs: eng.add_request({"prompt_token_ids": prompt_ids(), "multi_modal_data": {"image": im}}, sp)
+            for im in imgs:
+                eng.add_request({"prompt_token_ids": prompt_ids(), "multi_modal_data": {"image": im}}, sp)
             firsts, n_after, t_all_first = set(), 0, None
             t0 = time.perf_counter()
             while eng.has_unfinished_requests():
                 for o in eng.step():
-                    if o.request_id in firsts: n_after += len(o.token_ids)
-                    elif o.token_ids: firsts.add(o.request_id); n_after += len(o.token_ids) - 1
-                if t_all_first is None and len(firsts) == B: sync(); t_all_first, n_after = time.perf_counter(), 0
+                    if o.request_id in firsts:
+                        n_after += len(o.token_ids)
+                    elif o.token_ids:
+                        firsts.add(o.request_id)
+                        n_after += len(o.token_ids) - 1
+                if t_all_first is None and len(firsts) == B:
+                    sync()
+                    t_all_first, n_after = time.perf_counter(), 0
             sync()
             return n_after / (time.perf_counter() - t_all_first), time.perf_counter() - t0
-        run_ours()                                                      # warm-up
+
+        run_ours()  # warm-up
         tps, wall = run_ours()
         px = pixels_of(imgs).to(DEV, DT)
         ids = torch.tensor([eng_prompt_ids(prompt_ids()) for _ in range(B)], device=DEV)
+
         def hf_gen(n):
-            with torch.no_grad(): hf.generate(ids, pixel_values=px, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            with torch.no_grad():
+                hf.generate(ids, pixel_values=px, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+
         hf_gen(2)
         t_first = timed(lambda: hf_gen(1), reps=2, warmup=0)
         t_full = timed(lambda: hf_gen(DECODE_TOKENS), reps=1, warmup=0)
         hf_tps = B * (DECODE_TOKENS - 1) / max(t_full - t_first, 1e-9)
-        RES.setdefault("decode_tok_s", {})[B] = {"litellama": tps, "hf": hf_tps, "speedup": tps / hf_tps,
-                                                 "litellama_wall_s": wall, "hf_wall_s": t_full, "tokens_per_request": DECODE_TOKENS,
-                                                 "cuda_graphs": bool(eng.runner.graphs)}
+        RES.setdefault("decode_tok_s", {})[B] = {
+            "litellama": tps,
+            "hf": hf_tps,
+            "speedup": tps / hf_tps,
+            "litellama_wall_s": wall,
+            "hf_wall_s": t_full,
+            "tokens_per_request": DECODE_TOKENS,
+            "cuda_graphs": bool(eng.runner.graphs),
+        }
 
 
 os.makedirs(OUT, exist_ok=True)
 path = os.path.join(OUT, "i23.json")
-with open(path, "w") as f: json.dump(RES, f, indent=1, default=str)
+with open(path, "w") as f:
+    json.dump(RES, f, indent=1, default=str)
 print(f"\n{LIKE} on {RES['gpu']} ({RES['dtype']}), results in {path}")
-print(f"features max|diff| {RES.get('features_max_abs_diff', float('nan')):.3g} (rel {RES.get('features_rel_diff', float('nan')):.3g}); "
-      f"greedy tokens equal for the first {RES.get('greedy_16_tokens_equal_prefix')} of 16")
+print(
+    f"features max|diff| {RES.get('features_max_abs_diff', float('nan')):.3g} (rel {RES.get('features_rel_diff', float('nan')):.3g}); "
+    f"greedy tokens equal for the first {RES.get('greedy_16_tokens_equal_prefix')} of 16"
+)
 rows = [("vision tower, %s image(s), ms" % b, v) for b, v in RES.get("vision_tower_ms", {}).items()]
 rows += [("TTFT one image, ms", RES["ttft_ms_one_image"])] if "ttft_ms_one_image" in RES else []
 rows += [("decode tok/s, batch %s" % b, v) for b, v in RES.get("decode_tok_s", {}).items()]
 print(f"{'':<32}{'litellama':>12}{'HF':>12}{'ratio':>8}")
-for name, v in rows: print(f"{name:<32}{v['litellama']:>12.2f}{v['hf']:>12.2f}{v['speedup']:>8.2f}")
-for k, e in RES["errors"].items(): print(f"ERROR in {k}: {e}")
+for name, v in rows:
+    print(f"{name:<32}{v['litellama']:>12.2f}{v['hf']:>12.2f}{v['speedup']:>8.2f}")
+for k, e in RES["errors"].items():
+    print(f"ERROR in {k}: {e}")

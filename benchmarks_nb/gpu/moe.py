@@ -8,65 +8,106 @@ engine's batch-1 TPOT with its decode profile, workload 1, and HF transformers b
 
 Writes OUT_DIR/moe.json and prints a table. Every part is guarded: a failure is recorded and the next part runs; no part
 starts after its time limit, so the whole run stays under 140 s."""
+
 import gc, json, os, subprocess, sys, time, traceback
 from datetime import datetime, timezone
 
 DRY = "--dry-run" in sys.argv
-if DRY: os.environ.setdefault("TRITON_INTERPRET", "1")
+if DRY:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch
 import triton
 
 T0 = time.perf_counter()
-RUN_LIMIT_S = 132                                  # nothing starts after this (the whole run: under 140 s)
+RUN_LIMIT_S = 132  # nothing starts after this (the whole run: under 140 s)
 DEV = "cpu" if DRY else "cuda"
 DT = torch.float32 if DRY else torch.bfloat16
 SHAPE = dict(E=4, K=2, H=64, I=128) if DRY else dict(E=128, K=8, H=2048, I=768)
 TOKENS = (1, 3) if DRY else (1, 16, 64)
 out_dir = next((a for a in sys.argv[1:] if not a.startswith("--")), os.environ.get("OUT", "."))
-res = dict(name="moe", dry_run=DRY, command=" ".join(["PYTHONPATH=. python3"] + sys.argv), shape=SHAPE, dtype=str(DT),
-           parts={}, errors={}, part_seconds={}, installed={})
+res = dict(
+    name="moe",
+    dry_run=DRY,
+    command=" ".join(["PYTHONPATH=. python3"] + sys.argv),
+    shape=SHAPE,
+    dtype=str(DT),
+    parts={},
+    errors={},
+    part_seconds={},
+    installed={},
+)
+
 
 def env():
     import transformers
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
-    except Exception: commit = "unknown"
-    return dict(gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)", torch=torch.__version__,
-                triton=triton.__version__, transformers=transformers.__version__,
-                date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=commit)
+
+    try:
+        commit = (
+            subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+            or "unknown"
+        )
+    except Exception:
+        commit = "unknown"
+    return dict(
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        transformers=transformers.__version__,
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        commit=commit,
+    )
+
 
 def sync():
-    if DEV == "cuda": torch.cuda.synchronize()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
-def elapsed(): return time.perf_counter() - T0
+
+def elapsed():
+    return time.perf_counter() - T0
+
 
 def graph_ms(fn, calls=10):
     "Ms per call of `fn` replayed from one CUDA graph of `calls` calls; on the CPU the median wall time of three calls."
     if DEV == "cuda":
         from litellama.kernels.tuned import graph_ms as g
+
         return g(fn, calls=calls)
     ts = []
     for _ in range(3):
-        t = time.perf_counter(); fn(); ts.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e3)
     return sorted(ts)[1]
+
 
 def part(name, start_before):
     "Run a part unless the run is already `start_before` seconds old; record its result or its error."
+
     def deco(fn):
-        limit = start_before * (30 if DRY else 1)                 # the CPU dry run checks the code, not the time
+        limit = start_before * (30 if DRY else 1)  # the CPU dry run checks the code, not the time
         if elapsed() > limit:
-            res["errors"][name] = f"skipped: the run was past {limit} s"; return fn
+            res["errors"][name] = f"skipped: the run was past {limit} s"
+            return fn
         t = time.perf_counter()
-        try: res["parts"][name] = fn()
+        try:
+            res["parts"][name] = fn()
         except Exception as e:
-            res["errors"][name] = f"{type(e).__name__}: {e}"; traceback.print_exc()
+            res["errors"][name] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
         res["part_seconds"][name] = round(time.perf_counter() - t, 2)
         print(f"[{elapsed():6.1f} s] {name} done", flush=True)
         gc.collect()
-        if DEV == "cuda": torch.cuda.empty_cache()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
         return fn
+
     return deco
 
-def rel_err(a, b): return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
+
+def rel_err(a, b):
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
+
 
 res["environment"] = env()
 from litellama.kernels import autotune
@@ -75,27 +116,34 @@ from litellama.kernels import linear as lin
 
 E, K, H, I = SHAPE["E"], SHAPE["K"], SHAPE["H"], SHAPE["I"]
 g = torch.Generator(device=DEV).manual_seed(0)
-w13 = (torch.randn(E, 2 * I, H, device=DEV, generator=g) / H ** 0.5).to(DT)
-w2 = (torch.randn(E, H, I, device=DEV, generator=g) / I ** 0.5).to(DT)
+w13 = (torch.randn(E, 2 * I, H, device=DEV, generator=g) / H**0.5).to(DT)
+w2 = (torch.randn(E, H, I, device=DEV, generator=g) / I**0.5).to(DT)
 w13_8, s13 = fm.quantize_blockwise(w13.float())
 w2_8, s2 = fm.quantize_blockwise(w2.float())
+
 
 def inputs(T, seed):
     gg = torch.Generator(device=DEV).manual_seed(seed)
     return torch.randn(T, H, device=DEV, generator=gg).to(DT), torch.randn(T, E, device=DEV, generator=gg).to(DT)
 
+
 def layer(x, logits, fp8=False, **config):
     "The sparse block from the router's logits, as the model runs it: the top-k kernel, then the fused MoE path."
     tw, ti = fm.topk_softmax(logits, K, True)
-    if fp8: return fm.fused_moe(x, w13_8, w2_8, tw, ti, s13, s2, config=config)
+    if fp8:
+        return fm.fused_moe(x, w13_8, w2_8, tw, ti, s13, s2, config=config)
     return fm.fused_moe(x, w13, w2, tw, ti, config=config)
+
 
 def loop(x, logits, fp8=False, dtype=None):
     "The per-expert loop (the reference), in `dtype` (default the model's); fp8 experts dequantised."
     tw, ti = fm.moe_topk(logits, K, True)
-    a, b = (fm.dequantize_blockwise(w13_8, s13, 128, DT), fm.dequantize_blockwise(w2_8, s2, 128, DT)) if fp8 else (w13, w2)
+    a, b = (
+        (fm.dequantize_blockwise(w13_8, s13, 128, DT), fm.dequantize_blockwise(w2_8, s2, 128, DT)) if fp8 else (w13, w2)
+    )
     dt = dtype or DT
     return fm.fused_moe_reference(x.to(dt), a.to(dt), b.to(dt), tw.to(dt), ti)
+
 
 @part("correctness", start_before=25)
 def _():
@@ -112,22 +160,31 @@ def _():
             r[f"{tag}_vs_fp32_loop"] = rel_err(out, ref32)
             r[f"{tag}_fp8_vs_dequantized_loop"] = rel_err(layer(x, lg, fp8=True, SUM_TOPK=fuse), ref8)
         r["fused_vs_torch_sum"] = rel_err(layer(x, lg, SUM_TOPK=True), layer(x, lg, SUM_TOPK=False))
-        if DEV == "cuda":                                          # the zeroing and the atomics replayed from a graph
+        if DEV == "cuda":  # the zeroing and the atomics replayed from a graph
             static = layer(x, lg, SUM_TOPK=True)
             gr = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(gr): static = layer(x, lg, SUM_TOPK=True)
-            for _ in range(3): gr.replay()
-            sync(); r["fused_sum_graph_replay_vs_loop"] = rel_err(static, ref)
+            with torch.cuda.graph(gr):
+                static = layer(x, lg, SUM_TOPK=True)
+            for _ in range(3):
+                gr.replay()
+            sync()
+            r["fused_sum_graph_replay_vs_loop"] = rel_err(static, ref)
         r["ok"] = all(v < tol for k, v in r.items() if k.endswith(("vs_loop", "vs_torch_sum")))
         rows.append(r)
     return rows
 
-DECODE_TILES = [dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),   # the decode rule
-                dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),
-                dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, DOWN_BLOCK_N=32, num_warps=4, num_stages=3),
-                dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=4)]
-WIDE_TILES = [dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=3),    # the prefill rule
-              dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4)]
+
+DECODE_TILES = [
+    dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),  # the decode rule
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),
+    dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, DOWN_BLOCK_N=32, num_warps=4, num_stages=3),
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=4),
+]
+WIDE_TILES = [
+    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=3),  # the prefill rule
+    dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),
+]
+
 
 @part("moe_layer", start_before=40)
 def _():
@@ -141,31 +198,49 @@ def _():
         ref = loop(x, lg)
         rule = fm._config(T, E, H, I, K, DT, False, DEV)
         cands = {"rule fused_sum": dict(SUM_TOPK=True), "rule torch_sum": dict(SUM_TOPK=False)}
-        cands.update({"rule fp8 fused_sum": dict(fp8=True, SUM_TOPK=True), "rule fp8 torch_sum": dict(fp8=True, SUM_TOPK=False)})
+        cands.update(
+            {"rule fp8 fused_sum": dict(fp8=True, SUM_TOPK=True), "rule fp8 torch_sum": dict(fp8=True, SUM_TOPK=False)}
+        )
         tiles = [] if DRY else (DECODE_TILES + (WIDE_TILES if T >= 64 else []))
         for c in tiles:
             for fuse in (True, False):
-                cands["{BLOCK_M}/{BLOCK_N}/{BLOCK_K}/{DOWN_BLOCK_N}/w{num_warps}/s{num_stages} ".format(**c) +
-                      ("fused_sum" if fuse else "torch_sum")] = dict(c, SUM_TOPK=fuse)
+                cands[
+                    "{BLOCK_M}/{BLOCK_N}/{BLOCK_K}/{DOWN_BLOCK_N}/w{num_warps}/s{num_stages} ".format(**c)
+                    + ("fused_sum" if fuse else "torch_sum")
+                ] = dict(c, SUM_TOPK=fuse)
         cands["loop"] = None
         for name, c in cands.items():
-            if elapsed() > (38 if not DRY else 1e9) and name != "loop": continue
-            r = dict(tokens=T, impl=name, experts_touched=touched, config={**rule, **(c or {})} if c is not None else None)
+            if elapsed() > (38 if not DRY else 1e9) and name != "loop":
+                continue
+            r = dict(
+                tokens=T, impl=name, experts_touched=touched, config={**rule, **(c or {})} if c is not None else None
+            )
             fn = (lambda: loop(x, lg)) if c is None else (lambda c=c: layer(x, lg, **c))
             try:
-                out = fn(); sync()
-                if c is None or not c.get("fp8"): r["rel_err_vs_loop"] = rel_err(out, ref)
-                if c is None: r["ms"] = triton.testing.do_bench(fn, warmup=2, rep=20, return_mode="median") if not DRY else graph_ms(fn)
-                else: r["ms"] = graph_ms(fn)
+                out = fn()
+                sync()
+                if c is None or not c.get("fp8"):
+                    r["rel_err_vs_loop"] = rel_err(out, ref)
+                if c is None:
+                    r["ms"] = (
+                        triton.testing.do_bench(fn, warmup=2, rep=20, return_mode="median") if not DRY else graph_ms(fn)
+                    )
+                else:
+                    r["ms"] = graph_ms(fn)
                 r["gbps"] = wbytes / (2 if c and c.get("fp8") else 1) / r["ms"] / 1e6
-            except Exception as ex: r["error"] = f"{type(ex).__name__}: {ex}"
+            except Exception as ex:
+                r["error"] = f"{type(ex).__name__}: {ex}"
             rows.append(r)
         by = {r["impl"]: r for r in rows if r["tokens"] == T and r.get("ms")}
         for r in by.values():
-            if "rule torch_sum" in by: r["speedup_vs_torch_sum"] = by["rule torch_sum"]["ms"] / r["ms"]
-            if "loop" in by: r["speedup_vs_loop"] = by["loop"]["ms"] / r["ms"]
-        ok16 = [r for r in by.values() if r["config"] and not r["config"].get("fp8") and r.get("rel_err_vs_loop", 1) < 2e-2]
-        if ok16 and DEV == "cuda":                                 # install the fastest correct 16-bit config for this bucket
+            if "rule torch_sum" in by:
+                r["speedup_vs_torch_sum"] = by["rule torch_sum"]["ms"] / r["ms"]
+            if "loop" in by:
+                r["speedup_vs_loop"] = by["loop"]["ms"] / r["ms"]
+        ok16 = [
+            r for r in by.values() if r["config"] and not r["config"].get("fp8") and r.get("rel_err_vs_loop", 1) < 2e-2
+        ]
+        if ok16 and DEV == "cuda":  # install the fastest correct 16-bit config for this bucket
             best = min(ok16, key=lambda r: r["ms"])
             key = (str(DT).replace("torch.", ""), "w16", E, H, I, K, autotune.shape_bucket(T))
             cfg = {k: v for k, v in best["config"].items() if k != "fp8"}
@@ -173,11 +248,21 @@ def _():
             res["installed"][f"fused_moe {autotune._key(key)}"] = dict(impl=best["impl"], ms=best["ms"], config=cfg)
     return rows
 
-MOE_LINEARS = {(5120, 2048): [dict(BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1)],                                # qkv
-               (2048, 4096): [dict(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1), dict(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1),
-                              dict(BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1)],                                # o_proj
-               (128, 2048): [dict(BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1), dict(BLOCK_N=1, BLOCK_K=1024, SPLIT_K=1),
-                             dict(BLOCK_N=1, BLOCK_K=2048, SPLIT_K=1, num_warps=8)]}                    # router
+
+MOE_LINEARS = {
+    (5120, 2048): [dict(BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1)],  # qkv
+    (2048, 4096): [
+        dict(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1),
+        dict(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1),
+        dict(BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1),
+    ],  # o_proj
+    (128, 2048): [
+        dict(BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1),
+        dict(BLOCK_N=1, BLOCK_K=1024, SPLIT_K=1),
+        dict(BLOCK_N=1, BLOCK_K=2048, SPLIT_K=1, num_warps=8),
+    ],
+}  # router
+
 
 @part("linear_moe_shapes", start_before=50)
 def _():
@@ -185,63 +270,107 @@ def _():
     rows = []
     for (N, Kf), variants in MOE_LINEARS.items():
         n, k = (N, Kf) if not DRY else (N // 16, Kf // 16)
-        w = torch.randn(n, k, device=DEV, dtype=DT) / k ** 0.5
+        w = torch.randn(n, k, device=DEV, dtype=DT) / k**0.5
         x = torch.randn(1, k, device=DEV, dtype=DT)
         rule = lin._rule(1, n, k, DEV, autotune.num_sms(torch.device(DEV)))
-        cands = [("rule", rule)] + ([("shape_rule", {**rule, **lin.SHAPE_RULES[N, Kf]})] if (N, Kf) in lin.SHAPE_RULES else [])
+        cands = [("rule", rule)] + (
+            [("shape_rule", {**rule, **lin.SHAPE_RULES[N, Kf]})] if (N, Kf) in lin.SHAPE_RULES else []
+        )
         cands += [("candidate", {**rule, **v}) for v in (variants if not DRY else variants[:1])] + [("torch", None)]
         mine = []
         for name, cfg in cands:
-            fn = (lambda cfg=cfg: lin.skinny_linear(x, w, None, cfg)) if cfg else (lambda: torch.nn.functional.linear(x, w))
+            fn = (
+                (lambda cfg=cfg: lin.skinny_linear(x, w, None, cfg))
+                if cfg
+                else (lambda: torch.nn.functional.linear(x, w))
+            )
             r = dict(shape=f"1x{N}x{Kf}", impl=name, config=cfg)
             try:
                 r["rel_err"] = rel_err(fn(), x.float() @ w.float().T)
                 r["ms"] = graph_ms(fn)
                 r["gbps"] = n * k * torch.finfo(DT).bits / 8 / r["ms"] / 1e6
-                if cfg and r["rel_err"] < 2e-2: mine.append(r)
-            except Exception as ex: r["error"] = f"{type(ex).__name__}: {ex}"
+                if cfg and r["rel_err"] < 2e-2:
+                    mine.append(r)
+            except Exception as ex:
+                r["error"] = f"{type(ex).__name__}: {ex}"
             rows.append(r)
         if mine and DEV == "cuda":
             best = min(mine, key=lambda r: r["ms"])
-            if best["impl"] == "rule": lin.SHAPE_RULES.pop((N, Kf), None)
-            else: lin.SHAPE_RULES[N, Kf] = {k_: best["config"][k_] for k_ in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps")}
-            res["installed"][f"linear 1x{N}x{Kf}"] = dict(impl=best["impl"], ms=best["ms"], shape_rule=lin.SHAPE_RULES.get((N, Kf)))
+            if best["impl"] == "rule":
+                lin.SHAPE_RULES.pop((N, Kf), None)
+            else:
+                lin.SHAPE_RULES[N, Kf] = {
+                    k_: best["config"][k_] for k_ in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps")
+                }
+            res["installed"][f"linear 1x{N}x{Kf}"] = dict(
+                impl=best["impl"], ms=best["ms"], shape_rule=lin.SHAPE_RULES.get((N, Kf))
+            )
     return rows
+
 
 del w13, w2, w13_8, w2_8, s13, s2
 gc.collect()
-if DEV == "cuda": torch.cuda.empty_cache()
+if DEV == "cuda":
+    torch.cuda.empty_cache()
 
 from litellama.testing.checkpoints import SHAPES
 from litellama.testing.tokenizer import make_tokenizer
 from litellama.benchmarks.harness import W1_ROWS, random_prompts
+
 like = "tiny-qwen3-moe" if DRY else "qwen3-30b-a3b"
 PROMPT, GEN = 16, (8 if DRY else 64)
-W1 = [(1, 8, 4), (3, 5, 3)] if DRY else W1_ROWS                  # (batch, prompt, generated), BENCHMARKS.md's workload 1
-HF_W1_TOKENS, HF_W1_SECONDS = (2 if DRY else 16), (20 if DRY else 30)   # HF is slow: its tokens per row and its time are capped
+W1 = [(1, 8, 4), (3, 5, 3)] if DRY else W1_ROWS  # (batch, prompt, generated), BENCHMARKS.md's workload 1
+HF_W1_TOKENS, HF_W1_SECONDS = (
+    (2 if DRY else 16),
+    (20 if DRY else 30),
+)  # HF is slow: its tokens per row and its time are capped
 MODEL = {}
 # each kernel in the first group whose pattern it contains, in this order; the rest under "other"
-GROUPS = [("expert GEMMs (gate|up, down)", ("_moe_gate_up_kernel", "_moe_down_kernel")),
-          ("lm_head and sampling", ("nvjet", "ArgMax", "argmax", "_gumbel", "index_elementwise", "indexSelect")),
-          ("MoE glue (top-k, alignment, sum, cast)", ("_topk_softmax", "_moe_align", "reduce_kernel", "direct_copy", "bfloat16_copy")),
-          ("dense linears (qkv, o, router) + split sums", ("_skinny_linear", "_split_sum", "gemv", "gemm")),
-          ("attention, kv store and rope", ("_decode_split", "_decode_merge", "_decode_attention", "_store_kv", "_kv_store", "_rope")),
-          ("norms", ("_rms_norm",))]
+GROUPS = [
+    ("expert GEMMs (gate|up, down)", ("_moe_gate_up_kernel", "_moe_down_kernel")),
+    ("lm_head and sampling", ("nvjet", "ArgMax", "argmax", "_gumbel", "index_elementwise", "indexSelect")),
+    (
+        "MoE glue (top-k, alignment, sum, cast)",
+        ("_topk_softmax", "_moe_align", "reduce_kernel", "direct_copy", "bfloat16_copy"),
+    ),
+    ("dense linears (qkv, o, router) + split sums", ("_skinny_linear", "_split_sum", "gemv", "gemm")),
+    (
+        "attention, kv store and rope",
+        ("_decode_split", "_decode_merge", "_decode_attention", "_store_kv", "_kv_store", "_rope"),
+    ),
+    ("norms", ("_rms_norm",)),
+]
+
 
 def group_of(name):
     return next((g_ for g_, pats in GROUPS if any(p in name for p in pats)), "other")
+
 
 def engine_tpot(model, cfg):
     "Batch-1 TPOT over two timed requests after a warm-up, and the kernels of 8 decode steps by group."
     from litellama.engine.llm_engine import ContinuousBatchingEngine
     from litellama.sampling_params import SamplingParams
+
     t = time.perf_counter()
-    eng = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=1, max_model_len=256,
-                                   max_num_batched_tokens=256, num_kv_blocks=64, enable_prefix_caching=False)
-    sync(); setup_s = time.perf_counter() - t
+    eng = ContinuousBatchingEngine(
+        model,
+        cfg,
+        make_tokenizer(),
+        device=DEV,
+        dtype=DT,
+        max_num_seqs=1,
+        max_model_len=256,
+        max_num_batched_tokens=256,
+        num_kv_blocks=64,
+        enable_prefix_caching=False,
+    )
+    sync()
+    setup_s = time.perf_counter() - t
     runs = []
-    for seed in range(3):                                          # the first warms up
-        prompt = torch.randint(0, min(10000, cfg.vocab_size), (PROMPT,), generator=torch.Generator().manual_seed(seed)).tolist()
+    for seed in range(3):  # the first warms up
+        prompt = torch.randint(
+            0, min(10000, cfg.vocab_size), (PROMPT,), generator=torch.Generator().manual_seed(seed)
+        ).tolist()
         eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=GEN, ignore_eos=True))
         times = []
         while eng.has_unfinished_requests():
@@ -251,40 +380,68 @@ def engine_tpot(model, cfg):
     profile = None
     try:
         from torch.profiler import profile as tprof, ProfilerActivity
+
         eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
-        eng.step(); sync()                                         # the prefill, outside the profile
+        eng.step()
+        sync()  # the prefill, outside the profile
         with tprof(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])) as prof:
-            while eng.has_unfinished_requests(): eng.step()
+            while eng.has_unfinished_requests():
+                eng.step()
             sync()
         avg = prof.key_averages()
-        key = next(k for k in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total")
-                   if hasattr(avg[0], k) and (DEV == "cuda" or k == "self_cpu_time_total"))
+        key = next(
+            k
+            for k in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total")
+            if hasattr(avg[0], k) and (DEV == "cuda" or k == "self_cpu_time_total")
+        )
         kern = [e for e in avg if getattr(e, key) > 0 and not e.key.startswith(("aten::", "cuda", "Activity"))]
         kern.sort(key=lambda e: -getattr(e, key))
-        by = {g_: 0.0 for g_, _ in GROUPS}; by["other"] = 0.0
-        for e in kern: by[group_of(e.key)] += getattr(e, key) / 8
-        profile = dict(steps=8, metric=key, us_per_step_by_group=by, us_per_step_all_kernels=sum(getattr(e, key) for e in kern) / 8,
-                       kernels_per_step=sum(e.count for e in kern) / 8,
-                       top=[dict(name=e.key[:90], group=group_of(e.key), us_per_step=getattr(e, key) / 8, calls_per_step=e.count / 8)
-                            for e in kern[:20]])
-    except Exception as e: profile = f"{type(e).__name__}: {e}"
+        by = {g_: 0.0 for g_, _ in GROUPS}
+        by["other"] = 0.0
+        for e in kern:
+            by[group_of(e.key)] += getattr(e, key) / 8
+        profile = dict(
+            steps=8,
+            metric=key,
+            us_per_step_by_group=by,
+            us_per_step_all_kernels=sum(getattr(e, key) for e in kern) / 8,
+            kernels_per_step=sum(e.count for e in kern) / 8,
+            top=[
+                dict(
+                    name=e.key[:90], group=group_of(e.key), us_per_step=getattr(e, key) / 8, calls_per_step=e.count / 8
+                )
+                for e in kern[:20]
+            ],
+        )
+    except Exception as e:
+        profile = f"{type(e).__name__}: {e}"
     del eng
     gc.collect()
-    return dict(tpot_ms=sorted(runs[1:])[len(runs[1:]) // 2], runs_ms=runs, engine_setup_s=setup_s, prompt=PROMPT, generated=GEN,
-                decode_profile=profile)
+    return dict(
+        tpot_ms=sorted(runs[1:])[len(runs[1:]) // 2],
+        runs_ms=runs,
+        engine_setup_s=setup_s,
+        prompt=PROMPT,
+        generated=GEN,
+        decode_profile=profile,
+    )
+
 
 @part("engine_tpot_batch1", start_before=60)
 def _():
     from transformers import AutoConfig
     from litellama.models.qwen3_moe import random_model
+
     cfg = AutoConfig.for_model(**SHAPES[like])
     t = time.perf_counter()
     model = random_model(cfg, DT, DEV, seed=0)
-    sync(); build_s = time.perf_counter() - t
+    sync()
+    build_s = time.perf_counter() - t
     out = engine_tpot(model, cfg)
     out.update(build_s=build_s, params=sum(p.numel() for p in model.parameters()), installed=dict(res["installed"]))
-    MODEL["ours"] = (model, cfg)                                   # workload 1 reuses it, then frees it before HF
+    MODEL["ours"] = (model, cfg)  # workload 1 reuses it, then frees it before HF
     return out
+
 
 @part("workload1_litellama", start_before=75)
 def _():
@@ -292,104 +449,168 @@ def _():
     from litellama.engine.llm_engine import ContinuousBatchingEngine
     from litellama.entrypoints.llm import LLM
     from litellama.benchmarks.harness import ours_generate
-    if "ours" not in MODEL: raise RuntimeError("no model: the TPOT part failed or was skipped")
+
+    if "ours" not in MODEL:
+        raise RuntimeError("no model: the TPOT part failed or was skipped")
     model, cfg = MODEL["ours"]
     n_seqs = max(b for b, _, _ in W1)
     blocks = max(-(-(p + g_) // 16) * b for b, p, g_ in W1) + 64
     t = time.perf_counter()
     llm = LLM.__new__(LLM)
-    llm.engine = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=n_seqs, max_model_len=512,
-                                          max_num_batched_tokens=4096 if not DRY else 64, num_kv_blocks=blocks, enable_prefix_caching=False)
-    sync(); setup_s = time.perf_counter() - t
+    llm.engine = ContinuousBatchingEngine(
+        model,
+        cfg,
+        make_tokenizer(),
+        device=DEV,
+        dtype=DT,
+        max_num_seqs=n_seqs,
+        max_model_len=512,
+        max_num_batched_tokens=4096 if not DRY else 64,
+        num_kv_blocks=blocks,
+        enable_prefix_caching=False,
+    )
+    sync()
+    setup_s = time.perf_counter() - t
     rows = []
     for b, p_, g_ in W1:
         if elapsed() > (95 if not DRY else 1e9):
-            rows.append(dict(batch=b, prompt=p_, skipped="time")); continue
+            rows.append(dict(batch=b, prompt=p_, skipped="time"))
+            continue
         prompts = random_prompts(b, p_, seed=b, vocab=min(10000, cfg.vocab_size))
-        ours_generate(llm, prompts[:1], 4)                         # warm-up
+        ours_generate(llm, prompts[:1], 4)  # warm-up
         n, s = ours_generate(llm, prompts, g_)
         rows.append(dict(batch=b, prompt=p_, generated=g_, litellama_tok_s=n / s, seconds=s))
         print("workload1 litellama", rows[-1], flush=True)
     del llm
     return dict(rows=rows, engine_setup_s=setup_s, num_kv_blocks=blocks)
 
+
 MODEL.clear()
 gc.collect()
-if DEV == "cuda": torch.cuda.empty_cache()
+if DEV == "cuda":
+    torch.cuda.empty_cache()
+
 
 @part("hf_batch1", start_before=98)
 def _():
     from transformers import AutoConfig, AutoModelForCausalLM
     from litellama.benchmarks.harness import hf_generate
+
     cfg = AutoConfig.for_model(**SHAPES[like])
     t = time.perf_counter()
-    with torch.device(DEV): hf = AutoModelForCausalLM.from_config(cfg, dtype=DT)
-    hf.eval(); sync(); build_s = time.perf_counter() - t
+    with torch.device(DEV):
+        hf = AutoModelForCausalLM.from_config(cfg, dtype=DT)
+    hf.eval()
+    sync()
+    build_s = time.perf_counter() - t
     ids = torch.randint(0, min(10000, cfg.vocab_size), (1, PROMPT), device=DEV)
     n = 4 if DRY else 12
     with torch.inference_mode():
-        hf.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)   # warm up
-        sync(); t = time.perf_counter()
+        hf.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)  # warm up
+        sync()
+        t = time.perf_counter()
         out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        sync(); s = time.perf_counter() - t
+        sync()
+        s = time.perf_counter() - t
     impl = getattr(hf.config, "_experts_implementation", None)
     rows, t_w1 = [], time.perf_counter()
-    try:                                                           # workload 1's rows, HF's tokens and time capped
+    try:  # workload 1's rows, HF's tokens and time capped
         for b, p_, g_ in W1:
-            est = 4 + 0.03 * b                                     # seconds a 16-token row takes HF (batch 256: about 11 s)
+            est = 4 + 0.03 * b  # seconds a 16-token row takes HF (batch 256: about 11 s)
             if time.perf_counter() - t_w1 + est > HF_W1_SECONDS or (not DRY and elapsed() + est > RUN_LIMIT_S):
-                rows.append(dict(batch=b, prompt=p_, skipped=f"HF's time for workload 1 spent")); continue
+                rows.append(dict(batch=b, prompt=p_, skipped=f"HF's time for workload 1 spent"))
+                continue
             n_new = min(g_, HF_W1_TOKENS)
             prompts = random_prompts(b, p_, seed=b, vocab=min(10000, cfg.vocab_size))
             n_h, t_h = hf_generate(hf, prompts, n_new, b)
             rows.append(dict(batch=b, prompt=p_, generated=n_new, hf_tok_s=n_h / t_h, seconds=t_h))
             print("workload1 hf", rows[-1], flush=True)
-    except Exception as e: rows.append(dict(error=f"{type(e).__name__}: {e}"))
+    except Exception as e:
+        rows.append(dict(error=f"{type(e).__name__}: {e}"))
     del hf
-    return dict(output_tok_s=(out.shape[1] - PROMPT) / s, seconds=s, generated=n, build_s=build_s, experts_implementation=impl,
-                workload1=rows)
+    return dict(
+        output_tok_s=(out.shape[1] - PROMPT) / s,
+        seconds=s,
+        generated=n,
+        build_s=build_s,
+        experts_implementation=impl,
+        workload1=rows,
+    )
+
 
 p = res["parts"]
 eng = p.get("engine_tpot_batch1", {})
 if "hf_batch1" in p and isinstance(eng, dict) and "tpot_ms" in eng:
     eng["speedup_vs_hf_batch1"] = (1e3 / eng["tpot_ms"]) / p["hf_batch1"]["output_tok_s"]
-if "workload1_litellama" in p:                                    # side by side (HF: fewer tokens per row, see hf_generated)
+if "workload1_litellama" in p:  # side by side (HF: fewer tokens per row, see hf_generated)
     hf_rows = {(r["batch"], r["prompt"]): r for r in p.get("hf_batch1", {}).get("workload1", []) if "hf_tok_s" in r}
     p["workload1"] = []
     for r in p["workload1_litellama"]["rows"]:
-        if "litellama_tok_s" not in r: continue
+        if "litellama_tok_s" not in r:
+            continue
         h = hf_rows.get((r["batch"], r["prompt"]))
-        p["workload1"].append(dict(batch=r["batch"], prompt=r["prompt"], generated=r["generated"], litellama_tok_s=r["litellama_tok_s"],
-                                   hf_tok_s=h and h["hf_tok_s"], hf_generated=h and h["generated"],
-                                   speedup=h and r["litellama_tok_s"] / h["hf_tok_s"]))
+        p["workload1"].append(
+            dict(
+                batch=r["batch"],
+                prompt=r["prompt"],
+                generated=r["generated"],
+                litellama_tok_s=r["litellama_tok_s"],
+                hf_tok_s=h and h["hf_tok_s"],
+                hf_generated=h and h["generated"],
+                speedup=h and r["litellama_tok_s"] / h["hf_tok_s"],
+            )
+        )
 res["total_seconds"] = round(elapsed(), 1)
 os.makedirs(out_dir, exist_ok=True)
 path = os.path.join(out_dir, "moe.json")
-with open(path, "w") as f: json.dump(res, f, indent=1, default=str)
+with open(path, "w") as f:
+    json.dump(res, f, indent=1, default=str)
 
-for r in p.get("correctness", []): print("correctness", " ".join(f"{a}={b:.2e}" if isinstance(b, float) else f"{a}={b}" for a, b in r.items()))
+for r in p.get("correctness", []):
+    print("correctness", " ".join(f"{a}={b:.2e}" if isinstance(b, float) else f"{a}={b}" for a, b in r.items()))
 print(f"\n{'tokens':>6} {'impl':<40} {'ms':>8} {'GB/s':>7} {'x torch_sum':>11} {'x loop':>7} {'err':>8}")
 for r in p.get("moe_layer", []):
     f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"
-    print(f"{r['tokens']:>6} {r['impl']:<40} {f('ms', '8.4f')} {f('gbps', '7.0f')} {f('speedup_vs_torch_sum', '11.3f')} {f('speedup_vs_loop', '7.1f')} {f('rel_err_vs_loop', '8.1e')} {r.get('error', '')}")
-for T in TOKENS:                                                  # the issue's figure: the fused path against the loop
-    rs = [r for r in p.get("moe_layer", []) if r["tokens"] == T and r.get("speedup_vs_loop") and r["impl"].startswith("rule ") and "fp8" not in r["impl"]]
-    for r in rs: print(f"{T} tokens: {r['impl']} {r['speedup_vs_loop']:.1f}x the per-expert loop")
+    print(
+        f"{r['tokens']:>6} {r['impl']:<40} {f('ms', '8.4f')} {f('gbps', '7.0f')} {f('speedup_vs_torch_sum', '11.3f')} {f('speedup_vs_loop', '7.1f')} {f('rel_err_vs_loop', '8.1e')} {r.get('error', '')}"
+    )
+for T in TOKENS:  # the issue's figure: the fused path against the loop
+    rs = [
+        r
+        for r in p.get("moe_layer", [])
+        if r["tokens"] == T and r.get("speedup_vs_loop") and r["impl"].startswith("rule ") and "fp8" not in r["impl"]
+    ]
+    for r in rs:
+        print(f"{T} tokens: {r['impl']} {r['speedup_vs_loop']:.1f}x the per-expert loop")
 for r in p.get("linear_moe_shapes", []):
     cf = {k: v for k, v in (r["config"] or {}).items() if k in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps")}
-    print(f"linear {r['shape']:<12} {r['impl']:<10} {str(cf):<60} {r.get('ms', float('nan')):8.4f} ms {r.get('gbps', float('nan')):7.0f} GB/s {r.get('error', '')}")
-for k, v in res["installed"].items(): print(f"installed {k}: {v}")
+    print(
+        f"linear {r['shape']:<12} {r['impl']:<10} {str(cf):<60} {r.get('ms', float('nan')):8.4f} ms {r.get('gbps', float('nan')):7.0f} GB/s {r.get('error', '')}"
+    )
+for k, v in res["installed"].items():
+    print(f"installed {k}: {v}")
 if isinstance(eng, dict) and "tpot_ms" in eng:
     print(f"engine batch-1 TPOT {eng['tpot_ms']:.3f} ms  x HF {eng.get('speedup_vs_hf_batch1', float('nan')):.1f}")
     prof = eng["decode_profile"]
     if isinstance(prof, dict):
-        print(f"  all kernels {prof['us_per_step_all_kernels']:.0f} us per step, {prof['kernels_per_step']:.0f} kernels")
-        for g_, us in prof["us_per_step_by_group"].items(): print(f"  {g_:<46} {us:8.1f} us")
-        for t_ in prof["top"][:12]: print(f"    {t_['name'][:60]:<60} {t_['group'][:22]:<22} {t_['us_per_step']:8.1f} us {t_['calls_per_step']:5.0f} calls")
-    else: print(f"  profile: {prof}")
-if "hf_batch1" in p: print(f"HF batch-1 {p['hf_batch1']['output_tok_s']:.2f} tok/s ({p['hf_batch1']['experts_implementation']})")
+        print(
+            f"  all kernels {prof['us_per_step_all_kernels']:.0f} us per step, {prof['kernels_per_step']:.0f} kernels"
+        )
+        for g_, us in prof["us_per_step_by_group"].items():
+            print(f"  {g_:<46} {us:8.1f} us")
+        for t_ in prof["top"][:12]:
+            print(
+                f"    {t_['name'][:60]:<60} {t_['group'][:22]:<22} {t_['us_per_step']:8.1f} us {t_['calls_per_step']:5.0f} calls"
+            )
+    else:
+        print(f"  profile: {prof}")
+if "hf_batch1" in p:
+    print(f"HF batch-1 {p['hf_batch1']['output_tok_s']:.2f} tok/s ({p['hf_batch1']['experts_implementation']})")
 for r in p.get("workload1", []):
     f = lambda k: format(r[k], "10.1f") if r.get(k) is not None else "         -"
-    print(f"workload1 {r['batch']:>4}x{r['prompt']}x{r['generated']:<4} litellama {f('litellama_tok_s')} tok/s  HF {f('hf_tok_s')} tok/s ({r['hf_generated']} tokens)  x{f('speedup')}")
-for k, v in res["errors"].items(): print(f"ERROR {k}: {v}")
+    print(
+        f"workload1 {r['batch']:>4}x{r['prompt']}x{r['generated']:<4} litellama {f('litellama_tok_s')} tok/s  HF {f('hf_tok_s')} tok/s ({r['hf_generated']} tokens)  x{f('speedup')}"
+    )
+for k, v in res["errors"].items():
+    print(f"ERROR {k}: {v}")
 print(f"wrote {path} in {res['total_seconds']} s")

@@ -15,13 +15,15 @@ Every kernel variant launched here compiles for sm_90 on a CPU first: benchmarks
     PYTHONPATH=. python3 benchmarks_nb/gpu/w8.py $OUT            # on the GPU: writes $OUT/w8.json
     PYTHONPATH=. python3 benchmarks_nb/gpu/w8.py /tmp --dry-run  # on a CPU: tiny shapes, Triton interpreter
 """
+
 import statistics, gc, json, math, os, sys, time
 from pathlib import Path
 
 DRY = "--dry-run" in sys.argv
 ARGS = [a for a in sys.argv[1:] if a != "--dry-run"]
 OUT = Path(ARGS[0] if ARGS else os.environ.get("OUT", "."))
-if DRY: os.environ["TRITON_INTERPRET"] = "1"          # before any kernel is defined
+if DRY:
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
 sys.path.insert(0, str(Path(__file__).parent))
 import torch
 import torch.nn.functional as F
@@ -35,13 +37,15 @@ RES = environment(DRY)
 RES["timing"] = "graph_ms: 20 calls in one CUDA graph, weights rotated over copies of >= 256 MB, median of 5 replays"
 B = Budget(float(os.environ.get("W8_BUDGET_S", 900 if DRY else 135)), RES)
 BK = 32 if DRY else 128
-SHAPES = None   # set with the candidates below
+SHAPES = None  # set with the candidates below
 MS = (1, 2, 16) if DRY else (1, 4, 16)
+
 
 def quant_rows(w, dtype):
     s = w.float().abs().amax(1).clamp_min(1e-10) / qg.QMAX[dtype]
     q = w.float() / s[:, None]
     return (q.round().clamp(-127, 127).to(torch.int8) if dtype == torch.int8 else q.clamp(-448, 448).to(dtype)), s
+
 
 def quant_block(w, bk):
     "fp8 weight with one scale per row and `bk` columns (what the block method keeps after load)."
@@ -51,19 +55,30 @@ def quant_block(w, bk):
     s = pad.abs().amax(-1).clamp_min(1e-10) / 448
     return (pad / s[..., None]).view(N, kb * bk)[:, :K].to(FP8), s.contiguous()
 
+
 def weights(kind, w):
-    if kind == "int8": return quant_rows(w, torch.int8) + (None,)
-    if kind == "fp8": return quant_rows(w, FP8) + (None,)
+    if kind == "int8":
+        return quant_rows(w, torch.int8) + (None,)
+    if kind == "fp8":
+        return quant_rows(w, FP8) + (None,)
     return quant_block(w, BK) + ((1, BK),)
+
 
 # ---------------------------------------------------------------- (1) correctness on the GPU
 @B.part("correctness", need=5)
 def _():
     rows = []
     P, D = dict(PREFETCH=True), dict(DEQUANT=True)
-    cfgs = {"int8": [None, dict(MAGIC=False), P, dict(P, SPLIT_K=1), D], "fp8": [None, P, D],   # None: the table's own config
-            "fp8b": [None, dict(BLOCK_N=16, BLOCK_K=BK // 2), dict(BLOCK_N=8, BLOCK_K=BK, SPLIT_K=1), P, D]}
-    shapes = ((1, 48, 100), (2, 40, 96), (16, 33, 130)) if DRY else ((1, 4096, 4096), (4, 6144, 4096), (16, 4096, 12288), (1, 1000, 600), (5, 33, 4160))
+    cfgs = {
+        "int8": [None, dict(MAGIC=False), P, dict(P, SPLIT_K=1), D],
+        "fp8": [None, P, D],  # None: the table's own config
+        "fp8b": [None, dict(BLOCK_N=16, BLOCK_K=BK // 2), dict(BLOCK_N=8, BLOCK_K=BK, SPLIT_K=1), P, D],
+    }
+    shapes = (
+        ((1, 48, 100), (2, 40, 96), (16, 33, 130))
+        if DRY
+        else ((1, 4096, 4096), (4, 6144, 4096), (16, 4096, 12288), (1, 1000, 600), (5, 33, 4160))
+    )
     g = torch.Generator(device=DEV).manual_seed(0)
     for M, N, K in shapes:
         x = torch.randn(M, K, device=DEV, generator=g).to(DT)
@@ -76,61 +91,147 @@ def _():
                 try:
                     r["rel_err"] = rel(qg.w8a16_gemm(x, q, s, None, blk, cfg), ref)
                     r["ok"] = r["rel_err"] < (1e-5 if DT == torch.float32 else 1e-2)
-                except Exception as e: r.update(error=f"{type(e).__name__}: {str(e)[:200]}", ok=False)
+                except Exception as e:
+                    r.update(error=f"{type(e).__name__}: {str(e)[:200]}", ok=False)
                 rows.append(r)
         # exact int8: integer activations, unit scales: every float32 partial sum is an integer below 2**24
         qi = torch.randint(-128, 128, (N, K), device=DEV, dtype=torch.int8)
         xi = torch.randint(-4, 5, (M, K), device=DEV).float()
         exact = (xi.double() @ qi.double().T).float()
         y = qg.w8a16_gemm(xi, qi, torch.ones(N, device=DEV))
-        rows.append(dict(kind="int8 exact (fp32)", M=M, N=N, K=K, mismatches=int((y != exact).sum()), ok=bool(torch.equal(y, exact))))
+        rows.append(
+            dict(
+                kind="int8 exact (fp32)",
+                M=M,
+                N=N,
+                K=K,
+                mismatches=int((y != exact).sum()),
+                ok=bool(torch.equal(y, exact)),
+            )
+        )
     RES["correctness"] = rows
     print(f"correctness: {sum(r['ok'] for r in rows)}/{len(rows)} ok", flush=True)
     for r in rows:
-        if not r["ok"]: print("  FAIL", r)
+        if not r["ok"]:
+            print("  FAIL", r)
+
 
 # ---------------------------------------------------------------- (2) sweep of the decode path
 # ---- candidates (benchmarks_nb/gpu/w8_ptx.py compiles each of these for sm_90 on a CPU)
 C = dict
-SHAPES_GPU = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288), "lm_head": (151936, 4096)}
+SHAPES_GPU = {
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (24576, 4096),
+    "down": (4096, 12288),
+    "lm_head": (151936, 4096),
+}
 if DRY:
-    CANDS = {"channel": [C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1), C(BLOCK_N=16, BLOCK_K=64, num_warps=1, num_stages=1, SPLIT_K=1),
-                         C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1, PREFETCH=True)],
-             "block": [C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1), C(BLOCK_N=8, BLOCK_K=64, num_warps=1, num_stages=1)]}
+    CANDS = {
+        "channel": [
+            C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1),
+            C(BLOCK_N=16, BLOCK_K=64, num_warps=1, num_stages=1, SPLIT_K=1),
+            C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1, PREFETCH=True),
+        ],
+        "block": [
+            C(BLOCK_N=8, BLOCK_K=32, num_warps=1, num_stages=1),
+            C(BLOCK_N=8, BLOCK_K=64, num_warps=1, num_stages=1),
+        ],
+    }
     CANDS_DOT = CANDS
-else:   # M = 1: few rows, long K loads (bytes per step = BLOCK_N * BLOCK_K); split-K from the rule unless given
-    CANDS = {"channel": [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns) for bn, bk, nw, ns in
-                         ((8, 512, 4, 3), (4, 1024, 4, 3), (8, 1024, 4, 3), (16, 512, 4, 3), (4, 2048, 4, 3), (4, 2048, 8, 3),
-                          (2, 4096, 8, 3), (8, 1024, 8, 3), (4, 1024, 2, 3), (8, 512, 2, 4), (16, 1024, 8, 4), (2, 2048, 4, 4))]
-                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, SPLIT_K=1) for bn, bk, nw, ns in
-                         ((8, 512, 4, 3), (4, 1024, 4, 3), (4, 2048, 8, 3), (2, 4096, 8, 3), (8, 1024, 8, 3), (2, 1024, 4, 4), (1, 4096, 4, 3))]
-                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3, SPLIT_K=2) for bn, bk in ((4, 1024), (8, 512))]
-                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, PREFETCH=True, **sk) for bn, bk, nw in
-                         ((8, 512, 4), (4, 1024, 4), (4, 2048, 8), (8, 1024, 8), (4, 512, 2)) for sk in ({}, dict(SPLIT_K=1))],
-             "block": [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3) for bn, bk, nw in
-                       ((8, 512, 4), (4, 1024, 4), (16, 512, 8), (16, 128, 4), (4, 2048, 8), (8, 1024, 8))]
-                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, SPLIT_K=1) for bn, bk, nw in ((4, 1024, 4), (4, 2048, 8), (8, 512, 4))]
-                      + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, PREFETCH=True) for bn, bk, nw in ((8, 512, 4), (4, 1024, 4), (4, 2048, 8))]}
-    CANDS_DOT = {"channel": [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns) for bn, bk, nw, ns in
-                             ((16, 256, 4, 3), (32, 256, 4, 3), (16, 512, 4, 3), (32, 512, 4, 4), (64, 256, 8, 3), (16, 1024, 8, 3), (32, 512, 8, 3))]
-                             + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, SPLIT_K=1) for bn, bk, nw in ((16, 512, 4), (32, 256, 4), (16, 1024, 8))]
-                             + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3, PREFETCH=True) for bn, bk in ((32, 256), (16, 512))],
-                 "block": [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns) for bn, bk, nw, ns in
-                           ((16, 256, 4, 3), (32, 256, 4, 3), (16, 512, 4, 3), (32, 128, 4, 3), (16, 1024, 8, 3))]
-                           + [C(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, PREFETCH=True)]}
+else:  # M = 1: few rows, long K loads (bytes per step = BLOCK_N * BLOCK_K); split-K from the rule unless given
+    CANDS = {
+        "channel": [
+            C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+            for bn, bk, nw, ns in (
+                (8, 512, 4, 3),
+                (4, 1024, 4, 3),
+                (8, 1024, 4, 3),
+                (16, 512, 4, 3),
+                (4, 2048, 4, 3),
+                (4, 2048, 8, 3),
+                (2, 4096, 8, 3),
+                (8, 1024, 8, 3),
+                (4, 1024, 2, 3),
+                (8, 512, 2, 4),
+                (16, 1024, 8, 4),
+                (2, 2048, 4, 4),
+            )
+        ]
+        + [
+            C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, SPLIT_K=1)
+            for bn, bk, nw, ns in (
+                (8, 512, 4, 3),
+                (4, 1024, 4, 3),
+                (4, 2048, 8, 3),
+                (2, 4096, 8, 3),
+                (8, 1024, 8, 3),
+                (2, 1024, 4, 4),
+                (1, 4096, 4, 3),
+            )
+        ]
+        + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3, SPLIT_K=2) for bn, bk in ((4, 1024), (8, 512))]
+        + [
+            C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, PREFETCH=True, **sk)
+            for bn, bk, nw in ((8, 512, 4), (4, 1024, 4), (4, 2048, 8), (8, 1024, 8), (4, 512, 2))
+            for sk in ({}, dict(SPLIT_K=1))
+        ],
+        "block": [
+            C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3)
+            for bn, bk, nw in ((8, 512, 4), (4, 1024, 4), (16, 512, 8), (16, 128, 4), (4, 2048, 8), (8, 1024, 8))
+        ]
+        + [
+            C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, SPLIT_K=1)
+            for bn, bk, nw in ((4, 1024, 4), (4, 2048, 8), (8, 512, 4))
+        ]
+        + [
+            C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, PREFETCH=True)
+            for bn, bk, nw in ((8, 512, 4), (4, 1024, 4), (4, 2048, 8))
+        ],
+    }
+    CANDS_DOT = {
+        "channel": [
+            C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+            for bn, bk, nw, ns in (
+                (16, 256, 4, 3),
+                (32, 256, 4, 3),
+                (16, 512, 4, 3),
+                (32, 512, 4, 4),
+                (64, 256, 8, 3),
+                (16, 1024, 8, 3),
+                (32, 512, 8, 3),
+            )
+        ]
+        + [
+            C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3, SPLIT_K=1)
+            for bn, bk, nw in ((16, 512, 4), (32, 256, 4), (16, 1024, 8))
+        ]
+        + [C(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3, PREFETCH=True) for bn, bk in ((32, 256), (16, 512))],
+        "block": [
+            C(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+            for bn, bk, nw, ns in ((16, 256, 4, 3), (32, 256, 4, 3), (16, 512, 4, 3), (32, 128, 4, 3), (16, 1024, 8, 3))
+        ]
+        + [C(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, PREFETCH=True)],
+    }
 # ---- end candidates
 SHAPES = {"qkv": (48, 64), "down": (40, 96), "lm_head": (80, 64)} if DRY else SHAPES_GPU
 SUGGEST, BEST = {}, {}
 RES["sweep"] = []
 
-def path_of(M, kind): return qg._w8a16_path(M, kind == "fp8b")
+
+def path_of(M, kind):
+    return qg._w8a16_path(M, kind == "fp8b")
+
 
 def sweep(M, kind, need=6):
     tag = f"M={M} {kind}"
     cands = (CANDS if M == 1 else CANDS_DOT)["block" if kind == "fp8b" else "channel"]
     for pname, (N, K) in SHAPES.items():
-        if B.left() < need: RES["skipped"].append(f"sweep {tag} {pname}"); continue
-        if CUDA: torch.cuda.empty_cache()
+        if B.left() < need:
+            RES["skipped"].append(f"sweep {tag} {pname}")
+            continue
+        if CUDA:
+            torch.cuda.empty_cache()
         g = torch.Generator(device=DEV).manual_seed(N + K)
         w = torch.randn(N, K, device=DEV, generator=g) / math.sqrt(K)
         x = torch.randn(M, K, device=DEV, generator=g).to(DT)
@@ -139,17 +240,21 @@ def sweep(M, kind, need=6):
         cps = [(q0, s0)] + [(q0.clone(), s0.clone()) for _ in range(n - 1)]
         ref = qg.w8a16_gemm_ref(x, q0, s0, None, blk)
         peers = {}
-        if kind == "int8":       # the bf16 peers once per shape and M
+        if kind == "int8":  # the bf16 peers once per shape and M
             wb = [w.to(DT)] + [w.to(DT) for _ in range(copies_for(2 * N * K, CUDA) - 1)]
             for name, fn in (("bf16 F.linear", F.linear), ("bf16 skinny_linear", skinny_linear)):
-                try: peers[name] = graph_ms([lambda w_=w_: fn(x, w_) for w_ in wb], CUDA)
-                except Exception as e: peers[name] = f"{type(e).__name__}: {str(e)[:120]}"
+                try:
+                    peers[name] = graph_ms([lambda w_=w_: fn(x, w_) for w_ in wb], CUDA)
+                except Exception as e:
+                    peers[name] = f"{type(e).__name__}: {str(e)[:120]}"
             del wb
             RES.setdefault("peers", {})[f"M={M} {pname}"] = peers
         del w
         best = None
         for cfg in [None] + cands:
-            if B.left() < need: RES["skipped"].append(f"sweep {tag} {pname} {cfg}"); break
+            if B.left() < need:
+                RES["skipped"].append(f"sweep {tag} {pname} {cfg}")
+                break
             r = dict(M=M, kind=kind, proj=pname, N=N, K=K, config=cfg or "table")
             try:
                 fns = [lambda q=q, s=s: qg.w8a16_gemm(x, q, s, None, blk, cfg) for q, s in cps]
@@ -157,45 +262,64 @@ def sweep(M, kind, need=6):
                 r["ok"] = r["rel_err"] < (1e-5 if DT == torch.float32 else 1e-2)
                 r["graph_ms"] = graph_ms(fns, CUDA)
                 r["weight_tbps"] = N * K / r["graph_ms"] / 1e9
-            except Exception as e: r.update(error=f"{type(e).__name__}: {str(e)[:160]}", ok=False)
+            except Exception as e:
+                r.update(error=f"{type(e).__name__}: {str(e)[:160]}", ok=False)
             RES["sweep"].append(r)
-            if r["ok"] and cfg is not None and (best is None or r["graph_ms"] < best["graph_ms"]): best = r
+            if r["ok"] and cfg is not None and (best is None or r["graph_ms"] < best["graph_ms"]):
+                best = r
         del cps
-        if CUDA: torch.cuda.empty_cache()
+        if CUDA:
+            torch.cuda.empty_cache()
         if best:
             bf = RES.get("peers", {}).get(f"M={M} {pname}", {}).get("bf16 F.linear")
             best = dict(best, time_vs_bf16=best["graph_ms"] / bf if isinstance(bf, float) else None)
             BEST[f"{tag} {pname}"] = best
             SUGGEST[(path_of(M, kind), "fp8" if kind != "int8" else "int8", N, K)] = dict(best["config"])
-            print(f"  {tag:<12}{pname:<8} best {best['graph_ms']:.4f} ms {best['weight_tbps']:.2f} TB/s "
-                  f"x bf16 {best['time_vs_bf16'] or float('nan'):.2f}  {best['config']}", flush=True)
+            print(
+                f"  {tag:<12}{pname:<8} best {best['graph_ms']:.4f} ms {best['weight_tbps']:.2f} TB/s "
+                f"x bf16 {best['time_vs_bf16'] or float('nan'):.2f}  {best['config']}",
+                flush=True,
+            )
 
-SWEEP_NEED = 1 if DRY else 60      # seconds the M = 1 sweeps leave for the prefill paths and the engines
+
+SWEEP_NEED = 1 if DRY else 60  # seconds the M = 1 sweeps leave for the prefill paths and the engines
+
+
 def sweeps(ms):
     for M in ms:
         for kind in ("int8", "fp8", "fp8b"):
             B.part(f"sweep M={M} {kind}", need=SWEEP_NEED)(lambda M=M, kind=kind: sweep(M, kind, need=SWEEP_NEED))
 
-sweeps((1,))           # batch-1 decode first: the engines' TPOT uses it; M = 16 and 4 after the engines
-B.part("install table", need=0)(lambda: qg.set_w8a16_tuned({**qg.W8A16_TUNED, **SUGGEST}))   # the engines use what was measured
+
+sweeps((1,))  # batch-1 decode first: the engines' TPOT uses it; M = 16 and 4 after the engines
+B.part("install table", need=0)(
+    lambda: qg.set_w8a16_tuned({**qg.W8A16_TUNED, **SUGGEST})
+)  # the engines use what was measured
 
 # ---------------------------------------------------------------- (2b) large M: the tiled kernel or widen-then-cuBLAS
 PRE_MS = (32, 64) if DRY else (256, 1024, 4096)
 PRE_SHAPES = {k: SHAPES[k] for k in (("qkv", "down") if DRY else ("qkv", "gate_up", "down"))}
+
+
 @B.part("prefill paths", need=1 if DRY else 45)
 def _():
     rows, tot = [], {}
     for M in PRE_MS:
         for pname, (N, K) in PRE_SHAPES.items():
-            if B.left() < (1 if DRY else 38): RES["skipped"].append(f"prefill paths M={M} {pname}"); continue   # the engines' time
-            if CUDA: torch.cuda.empty_cache()
+            if B.left() < (1 if DRY else 38):
+                RES["skipped"].append(f"prefill paths M={M} {pname}")
+                continue  # the engines' time
+            if CUDA:
+                torch.cuda.empty_cache()
             g = torch.Generator(device=DEV).manual_seed(M + N)
             w = torch.randn(N, K, device=DEV, generator=g) / math.sqrt(K)
             x = torch.randn(M, K, device=DEV, generator=g).to(DT)
             wb = w.to(DT)
             r = dict(M=M, proj=pname, N=N, K=K)
-            try: r["bf16 F.linear"] = eager_ms(lambda: F.linear(x, wb), CUDA)
-            except Exception as e: r["bf16 error"] = str(e)[:160]
+            try:
+                r["bf16 F.linear"] = eager_ms(lambda: F.linear(x, wb), CUDA)
+            except Exception as e:
+                r["bf16 error"] = str(e)[:160]
             del wb
             for kind in ("int8", "fp8", "fp8b"):
                 q, s, blk = weights(kind, w)
@@ -203,14 +327,20 @@ def _():
                 for way, cfg in (("tiled", dict(DEQUANT=False)), ("dequant", dict(DEQUANT=True))):
                     try:
                         e = rel(qg.w8a16_gemm(x, q, s, None, blk, cfg), ref)
-                        if e > (1e-5 if DT == torch.float32 else 1e-2): raise ValueError(f"rel_err {e:.3g}")
+                        if e > (1e-5 if DT == torch.float32 else 1e-2):
+                            raise ValueError(f"rel_err {e:.3g}")
                         r[f"{kind} {way}"] = t = eager_ms(lambda: qg.w8a16_gemm(x, q, s, None, blk, cfg), CUDA)
                         tot[(M, kind, way)] = tot.get((M, kind, way), 0) + t
-                    except Exception as ex: r[f"{kind} {way} error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
+                    except Exception as ex:
+                        r[f"{kind} {way} error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
                 del q, s
             del w, x, ref
             rows.append(r)
-            print(f"  prefill M={M:<5}{pname:<8}" + "  ".join(f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float)), flush=True)
+            print(
+                f"  prefill M={M:<5}{pname:<8}"
+                + "  ".join(f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float)),
+                flush=True,
+            )
     RES["prefill_paths"] = rows
     # the crossover: the smallest M from which widening wins for every kind measured there (and at every larger M)
     kinds = ("int8", "fp8", "fp8b")
@@ -218,13 +348,20 @@ def _():
     wins = [M for M in measured if all(tot[(M, k, "dequant")] <= tot[(M, k, "tiled")] for k in kinds)]
     good = [M for M in wins if all(m in wins for m in measured if m >= M)]
     dev = "cuda" if CUDA else "cpu"
-    if not measured: return                 # nothing complete: keep the default
+    if not measured:
+        return  # nothing complete: keep the default
     new = min(good) if good else (1 << 62)
-    RES["dequant_m"] = dict(before=qg.DEQUANT_M.get(dev), installed=new, measured_ms={str(k): v for k, v in tot.items()})
+    RES["dequant_m"] = dict(
+        before=qg.DEQUANT_M.get(dev), installed=new, measured_ms={str(k): v for k, v in tot.items()}
+    )
     qg.DEQUANT_M[dev] = new
     print(f"  DEQUANT_M[{dev}] = {new}", flush=True)
+
+
 RES["best"] = BEST
 RES["suggested_W8A16_TUNED"] = {str(k): v for k, v in SUGGEST.items()}
+
+
 def decode_stack():
     "Projection time of one decode step over 36 layers, per kind and M, from the best configs (and the bf16 peer)."
     out = {}
@@ -232,75 +369,126 @@ def decode_stack():
         for kind in ("bf16", "int8", "fp8", "fp8b"):
             ts = []
             for p in SHAPES:
-                if kind == "bf16": t = RES.get("peers", {}).get(f"M={M} {p}", {}).get("bf16 F.linear")
-                else: t = BEST.get(f"M={M} {kind} {p}", {}).get("graph_ms")
+                if kind == "bf16":
+                    t = RES.get("peers", {}).get(f"M={M} {p}", {}).get("bf16 F.linear")
+                else:
+                    t = BEST.get(f"M={M} {kind} {p}", {}).get("graph_ms")
                 ts.append((t if isinstance(t, float) else None, p))
-            if all(t is not None for t, _ in ts):      # 36 layers of four projections, and the LM head once
+            if all(t is not None for t, _ in ts):  # 36 layers of four projections, and the LM head once
                 out[f"M={M} {kind}"] = sum(t * (1 if p == "lm_head" else 36) for t, p in ts)
     for k, v in list(out.items()):
         b = out.get(k.split(" ")[0] + " bf16")
-        if b and not k.endswith("bf16"): out[k + " / bf16"] = v / b
+        if b and not k.endswith("bf16"):
+            out[k + " / bf16"] = v / b
     return out
-try: RES["decode_step_projection_ms"] = decode_stack()
-except Exception as e: RES["errors"]["decode_stack"] = str(e)
+
+
+try:
+    RES["decode_step_projection_ms"] = decode_stack()
+except Exception as e:
+    RES["errors"]["decode_stack"] = str(e)
 
 # ---------------------------------------------------------------- (3) the engine, per scheme
-QWEN3_8B = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-                num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False)
+QWEN3_8B = dict(
+    model_type="qwen3",
+    architectures=["Qwen3ForCausalLM"],
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+)
+
 
 def scheme_quant(name):
     from litellama.layers.base import get_quant_config
-    if name == "bf16": return None
+
+    if name == "bf16":
+        return None
     if name == "fp8 W8A16":
         from litellama.layers.quant8 import Fp8Config, RuntimeW8
+
         class Fp8W8A16(Fp8Config):
-            def method_for(self, layer, prefix): return RuntimeW8(FP8, w8a8=False)
+            def method_for(self, layer, prefix):
+                return RuntimeW8(FP8, w8a8=False)
+
         return Fp8W8A16()
     return get_quant_config({"int8 W8A16": "int8", "fp8 W8A8": "fp8"}[name])
+
 
 def build(cfg, quant, seed=0):
     "A model of `cfg` on the device with random 16-bit weights, each quantized linear loaded shard by shard as from a checkpoint."
     from litellama.models.decoder import model_class
     from litellama.layers.base import Linear
-    with torch.device(DEV): model = model_class(cfg)(cfg, dtype=DT, device=DEV, quant=quant)
+
+    with torch.device(DEV):
+        model = model_class(cfg)(cfg, dtype=DT, device=DEV, quant=quant)
     g = torch.Generator(device=DEV).manual_seed(seed)
     for name, p in model.named_parameters():
-        if not p.is_floating_point() or p.element_size() == 1 or name.endswith(("weight_scale", "weight_scale_inv")): continue
-        if "norm" in name: p.data.normal_(1.0, 0.1, generator=g)
-        elif p.dim() == 1: p.data.normal_(0.0, 0.1, generator=g)
-        else: p.data.normal_(0.0, p.shape[-1] ** -0.5, generator=g)
+        if not p.is_floating_point() or p.element_size() == 1 or name.endswith(("weight_scale", "weight_scale_inv")):
+            continue
+        if "norm" in name:
+            p.data.normal_(1.0, 0.1, generator=g)
+        elif p.dim() == 1:
+            p.data.normal_(0.0, 0.1, generator=g)
+        else:
+            p.data.normal_(0.0, p.shape[-1] ** -0.5, generator=g)
     for mod in model.modules():
         if isinstance(mod, Linear) and mod.weight.element_size() == 1:
             for shard, (off, size) in mod.shards.items():
-                w = torch.empty(size, mod.in_features, device=DEV, dtype=DT).normal_(0.0, mod.in_features ** -0.5, generator=g)
-                mod.load_weight("weight", w, shard); del w
+                w = torch.empty(size, mod.in_features, device=DEV, dtype=DT).normal_(
+                    0.0, mod.in_features**-0.5, generator=g
+                )
+                mod.load_weight("weight", w, shard)
+                del w
             mod.process_after_loading()
     return model
+
 
 def weight_bytes(model):
     seen, n = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() in seen: continue
-        seen.add(t.data_ptr()); n += t.numel() * t.element_size()
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        n += t.numel() * t.element_size()
     return n
+
 
 def decode_profile(eng, steps=8):
     "Where a batch-1 decode step's GPU time goes: the top kernels over `steps` steps, microseconds per step."
     from torch.profiler import profile, ProfilerActivity
     from litellama.sampling_params import SamplingParams
+
     eng.add_request(list(range(1, 17)), SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
-    eng.step(); sync()                                    # the prefill, outside the profile
+    eng.step()
+    sync()  # the prefill, outside the profile
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])) as prof:
-        while eng.has_unfinished_requests(): eng.step()
+        while eng.has_unfinished_requests():
+            eng.step()
         sync()
     ev = prof.key_averages()
-    key = next((k for k in ("self_device_time_total", "self_cuda_time_total") if CUDA and hasattr(ev[0], k)), "self_cpu_time_total")
+    key = next(
+        (k for k in ("self_device_time_total", "self_cuda_time_total") if CUDA and hasattr(ev[0], k)),
+        "self_cpu_time_total",
+    )
     top = sorted(ev, key=lambda e: -getattr(e, key))[:12]
-    return dict(metric=key, steps=steps, top=[dict(name=e.key[:80], us_per_step=getattr(e, key) / steps, calls=e.count) for e in top])
+    return dict(
+        metric=key,
+        steps=steps,
+        top=[dict(name=e.key[:80], us_per_step=getattr(e, key) / steps, calls=e.count) for e in top],
+    )
+
 
 PROMPT, GEN, PREFILL = (8, 6, 64) if DRY else (128, 64, 4096)
 ENG = {}
+
 
 def engine_part(scheme):
     from transformers import AutoConfig
@@ -308,68 +496,111 @@ def engine_part(scheme):
     from litellama.sampling_params import SamplingParams
     from litellama.testing.tokenizer import make_tokenizer
     from litellama.testing.checkpoints import SHAPES as CK
+
     cfg = AutoConfig.for_model(**(CK["tiny-qwen3"] if DRY else QWEN3_8B))
-    if CUDA: torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    if CUDA:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     model = build(cfg, scheme_quant(scheme))
-    sync(); r = dict(build_s=time.perf_counter() - t, weight_bytes=weight_bytes(model))
-    if CUDA: r["peak_allocated_while_building"] = torch.cuda.max_memory_allocated()
+    sync()
+    r = dict(build_s=time.perf_counter() - t, weight_bytes=weight_bytes(model))
+    if CUDA:
+        r["peak_allocated_while_building"] = torch.cuda.max_memory_allocated()
     t = time.perf_counter()
     kw = dict(num_kv_blocks=64) if DRY else {}
-    eng = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=1, max_model_len=PREFILL + 64,
-                                   max_num_batched_tokens=PREFILL, enable_prefix_caching=False, **kw)
-    sync(); r["engine_setup_s"] = time.perf_counter() - t
+    eng = ContinuousBatchingEngine(
+        model,
+        cfg,
+        make_tokenizer(),
+        device=DEV,
+        dtype=DT,
+        max_num_seqs=1,
+        max_model_len=PREFILL + 64,
+        max_num_batched_tokens=PREFILL,
+        enable_prefix_caching=False,
+        **kw,
+    )
+    sync()
+    r["engine_setup_s"] = time.perf_counter() - t
     st = eng.stats
     r["kv_capacity_tokens"] = (st() if callable(st) else st).kv_capacity_tokens
     runs = []
-    for seed in range(2 if DRY else 5):                   # the first warms up; the median of the others
-        prompt = torch.randint(0, 10000 if not DRY else 300, (PROMPT,), generator=torch.Generator().manual_seed(seed)).tolist()
+    for seed in range(2 if DRY else 5):  # the first warms up; the median of the others
+        prompt = torch.randint(
+            0, 10000 if not DRY else 300, (PROMPT,), generator=torch.Generator().manual_seed(seed)
+        ).tolist()
         eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=GEN, ignore_eos=True))
         times = []
         while eng.has_unfinished_requests():
-            outs = eng.step(); times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
+            outs = eng.step()
+            times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
         runs.append((times[-1] - times[0]) / (len(times) - 1) * 1e3)
     r["tpot_ms"], r["tpot_runs_ms"] = statistics.median(runs[1:]), runs
     pre = []
-    for seed in range(3):                                 # one prompt of PREFILL tokens, one step; the first warms up
-        prompt = torch.randint(0, 10000 if not DRY else 300, (PREFILL,), generator=torch.Generator().manual_seed(10 + seed)).tolist()
+    for seed in range(3):  # one prompt of PREFILL tokens, one step; the first warms up
+        prompt = torch.randint(
+            0, 10000 if not DRY else 300, (PREFILL,), generator=torch.Generator().manual_seed(10 + seed)
+        ).tolist()
         eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
-        sync(); t = time.perf_counter()
-        while eng.has_unfinished_requests(): eng.step()
-        sync(); pre.append(time.perf_counter() - t)
+        sync()
+        t = time.perf_counter()
+        while eng.has_unfinished_requests():
+            eng.step()
+        sync()
+        pre.append(time.perf_counter() - t)
     r["prefill_s_runs"] = pre
     r["prefill_tok_s"] = PREFILL / sorted(pre[1:])[len(pre[1:]) // 2]
-    try: r["decode_profile"] = decode_profile(eng)
-    except Exception as e: r["decode_profile"] = f"{type(e).__name__}: {str(e)[:200]}"
+    try:
+        r["decode_profile"] = decode_profile(eng)
+    except Exception as e:
+        r["decode_profile"] = f"{type(e).__name__}: {str(e)[:200]}"
     r["graphs"] = sorted(eng.runner.graphs) if hasattr(eng.runner, "graphs") else None
     del eng, model
     gc.collect()
-    if CUDA: torch.cuda.empty_cache()
+    if CUDA:
+        torch.cuda.empty_cache()
     ENG[scheme] = r
-    print(f"  engine {scheme:<12} TPOT {r['tpot_ms']:.3f} ms  prefill {r['prefill_tok_s']:.0f} tok/s  weights {r['weight_bytes'] / 1e9:.2f} GB  "
-          f"KV {r['kv_capacity_tokens']} tokens", flush=True)
+    print(
+        f"  engine {scheme:<12} TPOT {r['tpot_ms']:.3f} ms  prefill {r['prefill_tok_s']:.0f} tok/s  weights {r['weight_bytes'] / 1e9:.2f} GB  "
+        f"KV {r['kv_capacity_tokens']} tokens",
+        flush=True,
+    )
+
 
 RES["engine"] = ENG
 for scheme in ("bf16", "int8 W8A16", "fp8 W8A16", "fp8 W8A8"):
     B.part(f"engine {scheme}", need=12 if not DRY else 1)(lambda scheme=scheme: engine_part(scheme))
 if "bf16" in ENG:
     b = ENG["bf16"]
-    RES["engine_vs_bf16"] = {s: dict(tpot=r["tpot_ms"] / b["tpot_ms"], prefill_speed=r["prefill_tok_s"] / b["prefill_tok_s"],
-                                     weight_memory=r["weight_bytes"] / b["weight_bytes"], kv_capacity=r["kv_capacity_tokens"] / b["kv_capacity_tokens"])
-                             for s, r in ENG.items() if s != "bf16"}
+    RES["engine_vs_bf16"] = {
+        s: dict(
+            tpot=r["tpot_ms"] / b["tpot_ms"],
+            prefill_speed=r["prefill_tok_s"] / b["prefill_tok_s"],
+            weight_memory=r["weight_bytes"] / b["weight_bytes"],
+            kv_capacity=r["kv_capacity_tokens"] / b["kv_capacity_tokens"],
+        )
+        for s, r in ENG.items()
+        if s != "bf16"
+    }
 
 # ---------------------------------------------------------------- the M = 16 and 4 sweeps, for the table only, with what is left
 SWEEP_NEED = 1 if DRY else 6
 sweeps((16, 2) if DRY else (16, 4))
 RES["best"] = BEST
 RES["suggested_W8A16_TUNED"] = {str(k): v for k, v in SUGGEST.items()}
-try: RES["decode_step_projection_ms"] = decode_stack()
-except Exception as e: RES["errors"]["decode_stack"] = str(e)
+try:
+    RES["decode_step_projection_ms"] = decode_stack()
+except Exception as e:
+    RES["errors"]["decode_stack"] = str(e)
 RES["total_seconds"] = round(time.time() - B.t0, 1)
 OUT.mkdir(parents=True, exist_ok=True)
 (OUT / "w8.json").write_text(json.dumps(RES, indent=1, default=str))
 print("\ndecode-step projections (36 layers, ms):", json.dumps(RES.get("decode_step_projection_ms", {}), indent=1))
 print("engine vs bf16:", json.dumps(RES.get("engine_vs_bf16", {}), indent=1))
 print("\nsuggested W8A16_TUNED for kernels_nb/12_quant_gemm.ipynb:")
-for k, v in SUGGEST.items(): print(f"    {k}: {v},")
-print(f"\nwrote {OUT / 'w8.json'} in {RES['total_seconds']} s; errors: {list(RES['errors']) or 'none'}; skipped: {len(RES['skipped'])}")
+for k, v in SUGGEST.items():
+    print(f"    {k}: {v},")
+print(
+    f"\nwrote {OUT / 'w8.json'} in {RES['total_seconds']} s; errors: {list(RES['errors']) or 'none'}; skipped: {len(RES['skipped'])}"
+)
