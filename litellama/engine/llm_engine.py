@@ -138,16 +138,7 @@ def _init_executor(self: ContinuousBatchingEngine, executor=None):
     "Start the executor that runs every step: `executor` if given (tensor parallelism), else a worker in this process."
     cc, sc = self.cache_config, self.scheduler_config
     self.executor = ex = executor or InProcessExecutor(
-        self.model,
-        self.config,
-        cc.block_size,
-        cc.num_kv_blocks,
-        self.device,
-        self.dtype,
-        sc.max_num_batched_tokens,
-        cc.kv_cache_memory,
-        cc.gpu_memory_utilization,
-        cc.torch_kv_dtype(),
+        self.model, self.config, cc, self.device, self.dtype, sc.max_num_batched_tokens
     )
     log.log(
         logging.INFO if self.device.type == "cuda" else logging.DEBUG,

@@ -23,7 +23,7 @@ __all__ = [
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,7 @@ from ..kernels.reference import uniform_noise
 from ..models.loader import load_sharded_model
 from ..utils import patch
 from .model_input import Placeholder, SchedulerOutput
-from .model_runner import ModelRunner, paged_kv_cache
+from .model_runner import ModelRunner
 from .sampler import SamplingTensors, logprobs_to_host, sample_on_device
 
 
@@ -61,21 +61,8 @@ class InProcessExecutor:
 
     in_process = True  # the engine overlaps steps and applies grammars only here
 
-    def __init__(
-        self,
-        model,
-        config,
-        block_size: int,
-        num_blocks: int | None,
-        device,
-        dtype,
-        max_num_batched_tokens: int,
-        kv_cache_memory: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        kv_cache_dtype: torch.dtype | None = None,
-    ):
-        args = (block_size, num_blocks, device, dtype, max_num_batched_tokens, kv_cache_memory, gpu_memory_utilization)
-        self.runner = ModelRunner(model, config, *args, kv_cache_dtype)
+    def __init__(self, model, config, cache: CacheConfig, device, dtype, max_num_batched_tokens: int):
+        self.runner = ModelRunner(model, config, cache, device, dtype, max_num_batched_tokens)
         self._logits = self._last_ids = None  # this step's logits, the last sampled step's ids (device tensors)
         self._pinned, self._events, self._flip = [None, None], [None, None], 0  # two host buffers, in turn
 
@@ -239,12 +226,8 @@ class Worker:
         device,
         dtype,
         *,
-        block_size=16,
-        num_kv_blocks=None,
-        max_num_batched_tokens=8192,
-        kv_cache_memory=None,
-        gpu_memory_utilization=0.9,
-        kv_cache_dtype=None,
+        cache: CacheConfig,
+        max_num_batched_tokens: int,
         quantization=None,
     ):
         self.rank, self.size, self.num_steps = rank, size, 0
@@ -252,9 +235,8 @@ class Worker:
             model_dir, rank, size, dtype, device, quantization
         )
         dt = self.model.model.embed_tokens.weight.dtype
-        opts = (block_size, num_kv_blocks, device, dt, max_num_batched_tokens, kv_cache_memory, gpu_memory_utilization)
-        self.runner = ModelRunner(self.model, self.rank_config, *opts, kv_cache_dtype)
-        self._agree_on_blocks(block_size)
+        self.runner = ModelRunner(self.model, self.rank_config, cache, device, dt, max_num_batched_tokens)
+        self._agree_on_blocks()
         self.fail_at = _fault_injection(rank)
 
     def execute(self, msg: StepMessage) -> tuple:
@@ -270,17 +252,12 @@ class Worker:
 
 # %% ../../nbs/26_executor.ipynb #352abc92
 @patch
-def _agree_on_blocks(self: Worker, block_size: int):
+def _agree_on_blocks(self: Worker):
     "Every rank keeps the smallest block count of all, so that one block table fits every shard."
-    n = D.all_reduce_min(self.runner.num_blocks)
-    if n < self.runner.num_blocks:  # another rank has less room: shrink to its size
-        r, c = self.runner, self.rank_config
-        r.num_blocks, r.kv_cache = (
-            n,
-            paged_kv_cache(
-                c.num_hidden_layers, n, block_size, c.num_key_value_heads, r.head_dim, r.kv_cache_dtype, r.device
-            ),
-        )
+    r = self.runner
+    n = D.all_reduce_min(r.num_blocks)
+    if n < r.num_blocks:  # another rank has less room: shrink to its size
+        r.num_blocks, r.kv_cache = n, r._new_cache(n)
         self.model.bind_kv_cache(r.kv_cache)
 
 
@@ -496,9 +473,6 @@ def shutdown(self: MultiprocExecutor, graceful: bool = True):
 
 
 # %% ../../nbs/26_executor.ipynb #02485345
-_RUNNER_OPTIONS = ("block_size", "num_kv_blocks", "max_num_batched_tokens", "kv_cache_memory", "gpu_memory_utilization")
-
-
 def engine_options_for_tp(
     model_dir, tensor_parallel_size: int, dtype, device, engine_options: dict, quantization=None
 ) -> tuple:
@@ -507,10 +481,9 @@ def engine_options_for_tp(
 
     if tensor_parallel_size < 1:
         raise ValueError("tensor_parallel_size must be >= 1")
-    opts = {k: engine_options[k] for k in _RUNNER_OPTIONS if engine_options.get(k) is not None}
-    opts.setdefault("max_num_batched_tokens", default_max_num_batched_tokens(device))
-    kv = engine_options.get("kv_cache_dtype", "auto")
-    opts["kv_cache_dtype"], opts["quantization"] = CacheConfig(kv_cache_dtype=kv).torch_kv_dtype(), quantization
+    cache = CacheConfig(**{f.name: engine_options[f.name] for f in fields(CacheConfig) if f.name in engine_options})
+    tokens = engine_options.get("max_num_batched_tokens") or default_max_num_batched_tokens(device)
+    opts = dict(cache=cache, max_num_batched_tokens=tokens, quantization=quantization)
     ex = MultiprocExecutor(
         model_dir,
         tensor_parallel_size,

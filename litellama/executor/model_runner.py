@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..config import CacheConfig
 from ..kernels.decode_attention import SplitPlanner
 from ..layers.attention import AttentionMetadata, ModelInput
 from ..layers.base import head_dim
@@ -76,24 +77,12 @@ def paged_kv_cache(
 
 # %% ../../nbs/11_model_runner.ipynb #94540444
 class ModelRunner:
-    "Runs `model` over a paged KV cache of `num_blocks` blocks on `device`."
+    "Runs `model` on `device` over a paged KV cache that `cache` sizes; a step holds up to `max_num_batched_tokens`."
 
-    def __init__(
-        self,
-        model,
-        config,
-        block_size: int,
-        num_blocks: int | None,
-        device,
-        dtype,
-        max_num_batched_tokens: int,
-        kv_cache_memory: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        kv_cache_dtype: torch.dtype | None = None,
-    ):
-        self.model, self.config, self.block_size = model, config, block_size
+    def __init__(self, model, config, cache: CacheConfig, device, dtype, max_num_batched_tokens: int):
+        self.model, self.config, self.cache_config, self.block_size = model, config, cache, cache.block_size
         self.device, self.dtype = torch.device(device), dtype
-        self.kv_cache_dtype = kv_cache_dtype or dtype
+        self.kv_cache_dtype = cache.torch_kv_dtype() or dtype
         self.head_dim = head_dim(config)
         from litellama.kernels.registry import ops
 
@@ -103,7 +92,7 @@ class ModelRunner:
         )
         self._tables = {}  # seq_id -> (its block_table list, that list as an array)
         self.graphs, self.graph_sizes = {}, []  # CUDA graphs by batch size, once captured
-        self.num_blocks = self._num_blocks(num_blocks, kv_cache_memory, max_num_batched_tokens, gpu_memory_utilization)
+        self.num_blocks = self._num_blocks(max_num_batched_tokens)
         self.kv_cache = self._new_cache(self.num_blocks)
         model.bind_kv_cache(self.kv_cache)
         if self.device.type == "cuda":
@@ -128,11 +117,13 @@ def _new_cache(self: ModelRunner, num_blocks: int):
 
 # %% ../../nbs/11_model_runner.ipynb #6d7c6137
 @patch
-def _num_blocks(self: ModelRunner, num_blocks, kv_cache_memory, max_num_batched_tokens: int, utilization) -> int:
-    "The blocks the cache gets: `num_blocks` if given, else as many as fit `kv_cache_memory` (or the measured budget)."
+def _num_blocks(self: ModelRunner, max_num_batched_tokens: int) -> int:
+    "The blocks the cache gets: `num_kv_blocks` if set, else as many as fit `kv_cache_memory` (or the measured budget)."
+    c = self.cache_config
+    num_blocks, kv_cache_memory = c.num_kv_blocks, c.kv_cache_memory
     if num_blocks is None:
         if kv_cache_memory is None:
-            kv_cache_memory = self._profile_free_memory(max_num_batched_tokens, utilization)
+            kv_cache_memory = self._profile_free_memory(max_num_batched_tokens, c.gpu_memory_utilization)
         num_blocks = int(kv_cache_memory // (kv_bytes_per_token(self.config, self.kv_cache_dtype) * self.block_size))
     if num_blocks < 1:
         raise ValueError("no memory left for the KV cache: lower max_num_batched_tokens or raise the memory budget")
