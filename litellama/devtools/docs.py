@@ -23,16 +23,16 @@ from pathlib import Path
 # %% ../../nbs/19_docs.ipynb #fb16b05c
 SECTIONS = [
     ("Start", ["nbs/index.ipynb"]),
-    ("Foundations", ["nbs/00_*"]),
-    ("Models", ["nbs/01_*", "nbs/02_*", "nbs/03_*", "nbs/04_*", "nbs/04b_*", "nbs/05_*", "nbs/06_*"]),
-    ("KV cache", ["nbs/08_*"]),
-    ("Scheduler", ["nbs/09_*", "nbs/11_*", "nbs/12_*", "nbs/13_*"]),
-    ("Sampler", ["nbs/07_*", "nbs/10_*"]),
+    ("Foundations", ["nbs/00*"]),
+    ("Models", ["nbs/01*", "nbs/02*", "nbs/03*", "nbs/04*", "nbs/05*", "nbs/06*"]),
+    ("KV cache", ["nbs/08*"]),
+    ("Scheduler", ["nbs/09*", "nbs/11*", "nbs/12*", "nbs/13*"]),
+    ("Sampler", ["nbs/07*", "nbs/10*"]),
     ("Kernels", ["kernels_nb/*"]),
-    ("Server", ["nbs/14_*", "nbs/15_*", "nbs/16_*", "nbs/17_*", "nbs/18_*", "nbs/19_*"]),
-    ("Quantization", ["nbs/20_*", "nbs/21_*", "nbs/22_*", "nbs/23_*"]),
-    ("Parallelism", ["nbs/24_*", "nbs/25_*", "nbs/26_*", "nbs/27_*"]),
-    ("Vision", ["nbs/28_*", "nbs/29_*", "nbs/30_*"]),
+    ("Server", ["nbs/14*", "nbs/15*", "nbs/16*", "nbs/17*", "nbs/18*", "nbs/19*"]),
+    ("Quantization", ["nbs/20*", "nbs/21*", "nbs/22*", "nbs/23*"]),
+    ("Parallelism", ["nbs/24*", "nbs/25*", "nbs/26*", "nbs/27*"]),
+    ("Vision", ["nbs/28*", "nbs/29*", "nbs/30*"]),
     ("Benchmarks", ["benchmarks_nb/*"]),
 ]
 

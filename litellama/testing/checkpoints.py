@@ -8,12 +8,11 @@ Docs: https://litellama.github.io/litellama/nbs/checkpoints.html.md"""
 __all__ = ["TINY_CONFIGS", "REAL_SHAPES", "SHAPES", "VLM_SHAPES", "MOE_SHAPES", "make_random_checkpoint"]
 
 # %% ../../nbs/06_checkpoints.ipynb #cd37e04e
-import json
-import math
 from pathlib import Path
 
 import torch
 
+from .random_weights import write_random_weights
 from .tokenizer import make_tokenizer
 
 # %% ../../nbs/06_checkpoints.ipynb #c819750d
@@ -198,43 +197,7 @@ def make_random_checkpoint(
     )
     with torch.device("meta"):
         shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(config).named_parameters()}
-    _write_shards(_random_weights(shapes, torch.Generator().manual_seed(seed), dtype), out, shard_bytes)
+    write_random_weights(shapes, out, dtype, seed, shard_bytes)
     config.save_pretrained(out)
     tok.save_pretrained(out)
     return out
-
-
-# %% ../../nbs/06_checkpoints.ipynb #bcfb5e78
-def _random_weights(shapes: dict, g: torch.Generator, dtype):
-    "Yield `(name, tensor in dtype, its float32 size in bytes)`: norms near 1, biases small, weights scaled by fan-in."
-    for name, shape in shapes.items():
-        if "norm" in name:
-            t = 1 + 0.1 * torch.randn(shape, generator=g)  # norms near 1
-        elif name.endswith("bias"):
-            t = 0.1 * torch.randn(shape, generator=g)
-        else:
-            t = torch.randn(shape, generator=g) / math.sqrt(shape[-1])  # keeps activations O(1)
-        yield name, t.to(dtype), t.numel() * t.element_size()
-
-
-# %% ../../nbs/06_checkpoints.ipynb #deff9376
-def _write_shards(weights, out: Path, shard_bytes: int):
-    "Save `(name, tensor, nbytes)` as safetensors shards of about `shard_bytes`, with an index when there are several."
-    from safetensors.torch import save_file
-
-    shards, shard, size = [], {}, 0
-    for name, t, nbytes in weights:
-        shard[name] = t
-        size += nbytes
-        if size >= shard_bytes:
-            shards.append(shard)
-            shard, size = {}, 0
-    if shard:
-        shards.append(shard)
-    weight_map = {}
-    for i, sh in enumerate(shards):
-        fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(sh, str(out / fname), metadata={"format": "pt"})
-        weight_map.update({k: fname for k in sh})
-    if len(shards) > 1:
-        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
