@@ -481,7 +481,8 @@ def engine_options_for_tp(
 
     if tensor_parallel_size < 1:
         raise ValueError("tensor_parallel_size must be >= 1")
-    cache = CacheConfig(**{f.name: engine_options[f.name] for f in fields(CacheConfig) if f.name in engine_options})
+    given = {f.name: engine_options.get(f.name) for f in fields(CacheConfig)}
+    cache = CacheConfig(**{k: v for k, v in given.items() if v is not None})  # None: the default
     tokens = engine_options.get("max_num_batched_tokens") or default_max_num_batched_tokens(device)
     opts = dict(cache=cache, max_num_batched_tokens=tokens, quantization=quantization)
     ex = MultiprocExecutor(
