@@ -254,11 +254,11 @@ if DEV == "cuda":
     torch.cuda.empty_cache()
 
 from litellama.testing.checkpoints import SHAPES
-from litellama.testing.tokenizer import make_tokenizer
+import moe_engine
 
 like = "tiny-qwen3-moe" if DRY else "qwen3-30b-a3b"
 PROMPT, GEN = 16, (8 if DRY else 64)
-from litellama.benchmarks.harness import W1_ROWS, random_prompts
+from litellama.benchmarks.harness import W1_ROWS
 
 W1 = [(1, 8, 4), (3, 5, 3)] if DRY else W1_ROWS  # (batch, prompt, generated), BENCHMARKS.md's workload 1
 HF_W1_TOKENS, HF_W1_SECONDS = (
@@ -272,8 +272,7 @@ MODEL = {}
 @part("engine_tpot_batch1", start_before=45)
 def _():
     from transformers import AutoConfig
-    from litellama.engine.llm_engine import ContinuousBatchingEngine
-    from litellama.sampling_params import SamplingParams
+
     from litellama.models.qwen3_moe import random_model
 
     cfg = AutoConfig.for_model(**SHAPES[like])
@@ -281,134 +280,19 @@ def _():
     model = random_model(cfg, DT, DEV, seed=0)
     sync()
     build_s = time.perf_counter() - t
-    t = time.perf_counter()
-    eng = ContinuousBatchingEngine(
-        model,
-        cfg,
-        make_tokenizer(),
-        device=DEV,
-        dtype=DT,
-        max_num_seqs=1,
-        max_model_len=256,
-        max_num_batched_tokens=256,
-        num_kv_blocks=64,
-        enable_prefix_caching=False,
-    )
-    sync()
-    setup_s = time.perf_counter() - t
-    runs = []
-    for seed in range(3):  # the first warms up
-        prompt = torch.randint(
-            0, min(10000, cfg.vocab_size), (PROMPT,), generator=torch.Generator().manual_seed(seed)
-        ).tolist()
-        eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=GEN, ignore_eos=True))
-        times = []
-        while eng.has_unfinished_requests():
-            outs = eng.step()
-            times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
-        runs.append((times[-1] - times[0]) / (len(times) - 1) * 1e3)
-    profile = None
-    try:  # where a decode step's time goes: top kernels
-        from torch.profiler import profile as tprof, ProfilerActivity
-
-        eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
-        eng.step()
-        sync()  # the prefill, outside the profile
-        with tprof(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])) as prof:
-            while eng.has_unfinished_requests():
-                eng.step()
-            sync()
-        key = next(
-            k
-            for k in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total")
-            if hasattr(prof.key_averages()[0], k) and (DEV == "cuda" or k == "self_cpu_time_total")
-        )
-        ev = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))[:15]
-        profile = dict(
-            steps=8,
-            metric=key,
-            top=[dict(name=e.key[:90], us=getattr(e, key), us_per_step=getattr(e, key) / 8, calls=e.count) for e in ev],
-        )
-        groups = {
-            "dense linears (qkv, o, router)": ("_skinny_linear", "nvjet", "gemv", "gemm"),
-            "expert GEMMs": ("_moe_gate_up", "_moe_down"),
-            "MoE glue (routing, alignment, top-k sum)": (
-                "_moe_align",
-                "_topk_softmax",
-                "reduce_kernel",
-                "bfloat16_copy",
-            ),
-            "attention": ("_decode_", "_split_sum", "_rope"),
-            "norms": ("_rms_norm",),
-        }
-        kern = [
-            e
-            for e in prof.key_averages()
-            if getattr(e, key) > 0 and not e.key.startswith(("aten::", "cuda", "Activity"))
-        ]
-        profile["us_per_step_by_group"] = {
-            g: sum(getattr(e, key) for e in kern if any(t in e.key for t in pats)) / 8 for g, pats in groups.items()
-        }
-        profile["us_per_step_all_kernels"] = sum(getattr(e, key) for e in kern) / 8
-    except Exception as e:
-        profile = f"{type(e).__name__}: {e}"
-    graphs = sorted(eng.runner.graphs) if hasattr(eng.runner, "graphs") else None
-    params = sum(p.numel() for p in model.parameters())
-    del eng
-    MODEL["ours"] = model  # workload 1 reuses it, then frees it before HF
-    return dict(
-        tpot_ms=sorted(runs[1:])[len(runs[1:]) // 2],
-        runs_ms=runs,
-        cuda_graph_sizes=graphs,
-        params=params,
-        build_s=build_s,
-        engine_setup_s=setup_s,
-        prompt=PROMPT,
-        generated=GEN,
-        decode_profile=profile,
-    )
+    out = moe_engine.engine_tpot(model, cfg, DEV, DT, PROMPT, GEN)
+    out.update(build_s=build_s, params=sum(p.numel() for p in model.parameters()))
+    MODEL["ours"] = (model, cfg)  # workload 1 reuses it, then frees it before HF
+    return out
 
 
 @part("workload1_litellama", start_before=60)
 def _():
     "Workload 1 through the engine (CUDA graphs up to batch 256) on the random-weight model of the TPOT part."
-    from transformers import AutoConfig
-    from litellama.engine.llm_engine import ContinuousBatchingEngine
-    from litellama.entrypoints.llm import LLM
-    from litellama.benchmarks.harness import ours_generate
-
-    cfg = AutoConfig.for_model(**SHAPES[like])
-    model = MODEL.get("ours")
-    if model is None:
+    if "ours" not in MODEL:
         raise RuntimeError("no model: the TPOT part failed or was skipped")
-    n_seqs = max(b for b, _, _ in W1)
-    blocks = max(-(-(p + g) // 16) * b for b, p, g in W1) + 64
-    t = time.perf_counter()
-    llm = LLM.__new__(LLM)
-    llm.engine = ContinuousBatchingEngine(
-        model,
-        cfg,
-        make_tokenizer(),
-        device=DEV,
-        dtype=DT,
-        max_num_seqs=n_seqs,
-        max_model_len=512,
-        max_num_batched_tokens=4096 if not DRY else 64,
-        num_kv_blocks=blocks,
-        enable_prefix_caching=False,
-    )
-    sync()
-    setup_s = time.perf_counter() - t
-    rows = []
-    for b, p, g in W1:
-        prompts = random_prompts(b, p, seed=b, vocab=min(10000, cfg.vocab_size))
-        ours_generate(llm, prompts[:1], 4)  # warm-up
-        n, s = ours_generate(llm, prompts, g)
-        rows.append(dict(batch=b, prompt=p, generated=g, litellama_tok_s=n / s, seconds=s))
-        print("workload1 litellama", rows[-1], flush=True)
-    del llm
-    MODEL.clear()
-    return dict(rows=rows, engine_setup_s=setup_s, num_kv_blocks=blocks)
+    model, cfg = MODEL.pop("ours")
+    return moe_engine.workload1_ours(model, cfg, DEV, DT, W1, 64 if DRY else 4096)
 
 
 MODEL.clear()
@@ -419,70 +303,21 @@ if DEV == "cuda":
 
 @part("hf_batch1", start_before=100)
 def _():
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    cfg = AutoConfig.for_model(**SHAPES[like])
-    t = time.perf_counter()
-    with torch.device(DEV):
-        hf = AutoModelForCausalLM.from_config(cfg, dtype=DT)
-    hf.eval()
-    sync()
-    build_s = time.perf_counter() - t
-    ids = torch.randint(0, min(10000, cfg.vocab_size), (1, PROMPT), device=DEV)
-    n = 4 if DRY else 16
-    with torch.inference_mode():
-        hf.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)  # warm up
-        sync()
-        t = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        sync()
-        s = time.perf_counter() - t
-    impl = getattr(hf.config, "_experts_implementation", None)
-    rows, t_w1 = [], time.perf_counter()
-    try:  # workload 1's rows, HF's tokens and time capped
-        from litellama.benchmarks.harness import hf_generate
-
-        for b, p, g in W1:
-            if time.perf_counter() - t_w1 > HF_W1_SECONDS or (not DRY and time.perf_counter() - T0 > RUN_LIMIT_S - 8):
-                rows.append(dict(batch=b, prompt=p, skipped=f"HF's {HF_W1_SECONDS} s for workload 1 spent"))
-                continue
-            n_new = min(g, HF_W1_TOKENS)
-            prompts = random_prompts(b, p, seed=b, vocab=min(10000, cfg.vocab_size))
-            n_h, t_h = hf_generate(hf, prompts, n_new, b)
-            rows.append(dict(batch=b, prompt=p, generated=n_new, hf_tok_s=n_h / t_h, seconds=t_h))
-            print("workload1 hf", rows[-1], flush=True)
-    except Exception as e:
-        rows.append(dict(error=f"{type(e).__name__}: {e}"))
-    del hf
-    return dict(
-        output_tok_s=(out.shape[1] - PROMPT) / s,
-        seconds=s,
-        generated=n,
-        build_s=build_s,
-        experts_implementation=impl,
-        workload1=rows,
+    t_w1 = time.perf_counter()
+    time_left = lambda b: (
+        time.perf_counter() - t_w1 <= HF_W1_SECONDS and (DRY or time.perf_counter() - T0 <= RUN_LIMIT_S - 8)
     )
+    cfg = AutoConfig.for_model(**SHAPES[like])
+    return moe_engine.hf_speed(cfg, DEV, DT, PROMPT, 4 if DRY else 16, W1, HF_W1_TOKENS, time_left)
 
 
 p = res["parts"]
 if "engine_tpot_batch1" in p and "hf_batch1" in p:
     p["batch1_speedup_vs_hf"] = (1e3 / p["engine_tpot_batch1"]["tpot_ms"]) / p["hf_batch1"]["output_tok_s"]
-if "workload1_litellama" in p:  # workload 1 side by side (HF: fewer tokens per row, see hf_generated)
-    hf_rows = {(r["batch"], r["prompt"]): r for r in p.get("hf_batch1", {}).get("workload1", []) if "hf_tok_s" in r}
-    p["workload1"] = []
-    for r in p["workload1_litellama"]["rows"]:
-        h = hf_rows.get((r["batch"], r["prompt"]))
-        p["workload1"].append(
-            dict(
-                batch=r["batch"],
-                prompt=r["prompt"],
-                generated=r["generated"],
-                litellama_tok_s=r["litellama_tok_s"],
-                hf_tok_s=h and h["hf_tok_s"],
-                hf_generated=h and h["generated"],
-                speedup=h and r["litellama_tok_s"] / h["hf_tok_s"],
-            )
-        )
+if "workload1_litellama" in p:
+    p["workload1"] = moe_engine.side_by_side(p)
 res["total_seconds"] = round(time.perf_counter() - T0, 1)
 os.makedirs(out_dir, exist_ok=True)
 path = os.path.join(out_dir, "i20.json")

@@ -314,8 +314,8 @@ if DEV == "cuda":
     torch.cuda.empty_cache()
 
 from litellama.testing.checkpoints import SHAPES
-from litellama.testing.tokenizer import make_tokenizer
-from litellama.benchmarks.harness import W1_ROWS, random_prompts
+import moe_engine
+from litellama.benchmarks.harness import W1_ROWS
 
 like = "tiny-qwen3-moe" if DRY else "qwen3-30b-a3b"
 PROMPT, GEN = 16, (8 if DRY else 64)
@@ -325,111 +325,12 @@ HF_W1_TOKENS, HF_W1_SECONDS = (
     (20 if DRY else 30),
 )  # HF is slow: its tokens per row and its time are capped
 MODEL = {}
-# each kernel in the first group whose pattern it contains, in this order; the rest under "other"
-GROUPS = [
-    ("expert GEMMs (gate|up, down)", ("_moe_gate_up_kernel", "_moe_down_kernel")),
-    ("lm_head and sampling", ("nvjet", "ArgMax", "argmax", "_gumbel", "index_elementwise", "indexSelect")),
-    (
-        "MoE glue (top-k, alignment, sum, cast)",
-        ("_topk_softmax", "_moe_align", "reduce_kernel", "direct_copy", "bfloat16_copy"),
-    ),
-    ("dense linears (qkv, o, router) + split sums", ("_skinny_linear", "_split_sum", "gemv", "gemm")),
-    (
-        "attention, kv store and rope",
-        ("_decode_split", "_decode_merge", "_decode_attention", "_store_kv", "_kv_store", "_rope"),
-    ),
-    ("norms", ("_rms_norm",)),
-]
-
-
-def group_of(name):
-    return next((g_ for g_, pats in GROUPS if any(p in name for p in pats)), "other")
-
-
-def engine_tpot(model, cfg):
-    "Batch-1 TPOT over two timed requests after a warm-up, and the kernels of 8 decode steps by group."
-    from litellama.engine.llm_engine import ContinuousBatchingEngine
-    from litellama.sampling_params import SamplingParams
-
-    t = time.perf_counter()
-    eng = ContinuousBatchingEngine(
-        model,
-        cfg,
-        make_tokenizer(),
-        device=DEV,
-        dtype=DT,
-        max_num_seqs=1,
-        max_model_len=256,
-        max_num_batched_tokens=256,
-        num_kv_blocks=64,
-        enable_prefix_caching=False,
-    )
-    sync()
-    setup_s = time.perf_counter() - t
-    runs = []
-    for seed in range(3):  # the first warms up
-        prompt = torch.randint(
-            0, min(10000, cfg.vocab_size), (PROMPT,), generator=torch.Generator().manual_seed(seed)
-        ).tolist()
-        eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=GEN, ignore_eos=True))
-        times = []
-        while eng.has_unfinished_requests():
-            outs = eng.step()
-            times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
-        runs.append((times[-1] - times[0]) / (len(times) - 1) * 1e3)
-    profile = None
-    try:
-        from torch.profiler import profile as tprof, ProfilerActivity
-
-        eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
-        eng.step()
-        sync()  # the prefill, outside the profile
-        with tprof(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV == "cuda" else [])) as prof:
-            while eng.has_unfinished_requests():
-                eng.step()
-            sync()
-        avg = prof.key_averages()
-        key = next(
-            k
-            for k in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total")
-            if hasattr(avg[0], k) and (DEV == "cuda" or k == "self_cpu_time_total")
-        )
-        kern = [e for e in avg if getattr(e, key) > 0 and not e.key.startswith(("aten::", "cuda", "Activity"))]
-        kern.sort(key=lambda e: -getattr(e, key))
-        by = {g_: 0.0 for g_, _ in GROUPS}
-        by["other"] = 0.0
-        for e in kern:
-            by[group_of(e.key)] += getattr(e, key) / 8
-        profile = dict(
-            steps=8,
-            metric=key,
-            us_per_step_by_group=by,
-            us_per_step_all_kernels=sum(getattr(e, key) for e in kern) / 8,
-            kernels_per_step=sum(e.count for e in kern) / 8,
-            top=[
-                dict(
-                    name=e.key[:90], group=group_of(e.key), us_per_step=getattr(e, key) / 8, calls_per_step=e.count / 8
-                )
-                for e in kern[:20]
-            ],
-        )
-    except Exception as e:
-        profile = f"{type(e).__name__}: {e}"
-    del eng
-    gc.collect()
-    return dict(
-        tpot_ms=sorted(runs[1:])[len(runs[1:]) // 2],
-        runs_ms=runs,
-        engine_setup_s=setup_s,
-        prompt=PROMPT,
-        generated=GEN,
-        decode_profile=profile,
-    )
 
 
 @part("engine_tpot_batch1", start_before=60)
 def _():
     from transformers import AutoConfig
+
     from litellama.models.qwen3_moe import random_model
 
     cfg = AutoConfig.for_model(**SHAPES[like])
@@ -437,7 +338,7 @@ def _():
     model = random_model(cfg, DT, DEV, seed=0)
     sync()
     build_s = time.perf_counter() - t
-    out = engine_tpot(model, cfg)
+    out = moe_engine.engine_tpot(model, cfg, DEV, DT, PROMPT, GEN)
     out.update(build_s=build_s, params=sum(p.numel() for p in model.parameters()), installed=dict(res["installed"]))
     MODEL["ours"] = (model, cfg)  # workload 1 reuses it, then frees it before HF
     return out
@@ -446,43 +347,10 @@ def _():
 @part("workload1_litellama", start_before=75)
 def _():
     "Workload 1 through the engine (CUDA graphs) on the random-weight model of the TPOT part."
-    from litellama.engine.llm_engine import ContinuousBatchingEngine
-    from litellama.entrypoints.llm import LLM
-    from litellama.benchmarks.harness import ours_generate
-
     if "ours" not in MODEL:
         raise RuntimeError("no model: the TPOT part failed or was skipped")
     model, cfg = MODEL["ours"]
-    n_seqs = max(b for b, _, _ in W1)
-    blocks = max(-(-(p + g_) // 16) * b for b, p, g_ in W1) + 64
-    t = time.perf_counter()
-    llm = LLM.__new__(LLM)
-    llm.engine = ContinuousBatchingEngine(
-        model,
-        cfg,
-        make_tokenizer(),
-        device=DEV,
-        dtype=DT,
-        max_num_seqs=n_seqs,
-        max_model_len=512,
-        max_num_batched_tokens=4096 if not DRY else 64,
-        num_kv_blocks=blocks,
-        enable_prefix_caching=False,
-    )
-    sync()
-    setup_s = time.perf_counter() - t
-    rows = []
-    for b, p_, g_ in W1:
-        if elapsed() > (95 if not DRY else 1e9):
-            rows.append(dict(batch=b, prompt=p_, skipped="time"))
-            continue
-        prompts = random_prompts(b, p_, seed=b, vocab=min(10000, cfg.vocab_size))
-        ours_generate(llm, prompts[:1], 4)  # warm-up
-        n, s = ours_generate(llm, prompts, g_)
-        rows.append(dict(batch=b, prompt=p_, generated=g_, litellama_tok_s=n / s, seconds=s))
-        print("workload1 litellama", rows[-1], flush=True)
-    del llm
-    return dict(rows=rows, engine_setup_s=setup_s, num_kv_blocks=blocks)
+    return moe_engine.workload1_ours(model, cfg, DEV, DT, W1, 64 if DRY else 4096, lambda b: DRY or elapsed() <= 95)
 
 
 MODEL.clear()
@@ -493,73 +361,24 @@ if DEV == "cuda":
 
 @part("hf_batch1", start_before=98)
 def _():
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from litellama.benchmarks.harness import hf_generate
+    from transformers import AutoConfig
+
+    t_w1 = time.perf_counter()
+
+    def time_left(b):
+        est = 4 + 0.03 * b  # seconds a 16-token row takes HF (batch 256: about 11 s)
+        return time.perf_counter() - t_w1 + est <= HF_W1_SECONDS and (DRY or elapsed() + est <= RUN_LIMIT_S)
 
     cfg = AutoConfig.for_model(**SHAPES[like])
-    t = time.perf_counter()
-    with torch.device(DEV):
-        hf = AutoModelForCausalLM.from_config(cfg, dtype=DT)
-    hf.eval()
-    sync()
-    build_s = time.perf_counter() - t
-    ids = torch.randint(0, min(10000, cfg.vocab_size), (1, PROMPT), device=DEV)
-    n = 4 if DRY else 12
-    with torch.inference_mode():
-        hf.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)  # warm up
-        sync()
-        t = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        sync()
-        s = time.perf_counter() - t
-    impl = getattr(hf.config, "_experts_implementation", None)
-    rows, t_w1 = [], time.perf_counter()
-    try:  # workload 1's rows, HF's tokens and time capped
-        for b, p_, g_ in W1:
-            est = 4 + 0.03 * b  # seconds a 16-token row takes HF (batch 256: about 11 s)
-            if time.perf_counter() - t_w1 + est > HF_W1_SECONDS or (not DRY and elapsed() + est > RUN_LIMIT_S):
-                rows.append(dict(batch=b, prompt=p_, skipped=f"HF's time for workload 1 spent"))
-                continue
-            n_new = min(g_, HF_W1_TOKENS)
-            prompts = random_prompts(b, p_, seed=b, vocab=min(10000, cfg.vocab_size))
-            n_h, t_h = hf_generate(hf, prompts, n_new, b)
-            rows.append(dict(batch=b, prompt=p_, generated=n_new, hf_tok_s=n_h / t_h, seconds=t_h))
-            print("workload1 hf", rows[-1], flush=True)
-    except Exception as e:
-        rows.append(dict(error=f"{type(e).__name__}: {e}"))
-    del hf
-    return dict(
-        output_tok_s=(out.shape[1] - PROMPT) / s,
-        seconds=s,
-        generated=n,
-        build_s=build_s,
-        experts_implementation=impl,
-        workload1=rows,
-    )
+    return moe_engine.hf_speed(cfg, DEV, DT, PROMPT, 4 if DRY else 12, W1, HF_W1_TOKENS, time_left)
 
 
 p = res["parts"]
 eng = p.get("engine_tpot_batch1", {})
 if "hf_batch1" in p and isinstance(eng, dict) and "tpot_ms" in eng:
     eng["speedup_vs_hf_batch1"] = (1e3 / eng["tpot_ms"]) / p["hf_batch1"]["output_tok_s"]
-if "workload1_litellama" in p:  # side by side (HF: fewer tokens per row, see hf_generated)
-    hf_rows = {(r["batch"], r["prompt"]): r for r in p.get("hf_batch1", {}).get("workload1", []) if "hf_tok_s" in r}
-    p["workload1"] = []
-    for r in p["workload1_litellama"]["rows"]:
-        if "litellama_tok_s" not in r:
-            continue
-        h = hf_rows.get((r["batch"], r["prompt"]))
-        p["workload1"].append(
-            dict(
-                batch=r["batch"],
-                prompt=r["prompt"],
-                generated=r["generated"],
-                litellama_tok_s=r["litellama_tok_s"],
-                hf_tok_s=h and h["hf_tok_s"],
-                hf_generated=h and h["generated"],
-                speedup=h and r["litellama_tok_s"] / h["hf_tok_s"],
-            )
-        )
+if "workload1_litellama" in p:
+    p["workload1"] = moe_engine.side_by_side(p)
 res["total_seconds"] = round(elapsed(), 1)
 os.makedirs(out_dir, exist_ok=True)
 path = os.path.join(out_dir, "moe.json")
