@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.7.1
 export TRITON_INTERPRET ?= 1
 
-.PHONY: demo test export check-sync lint nbtest pytest soak browser docs clean
+.PHONY: demo test export format check-sync lint nbtest pytest soak browser docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ export: $(VENV)/.dev
 	$(BIN)/nbdev-export
 	$(BIN)/ruff format -q litellama
 	$(BIN)/jupyter nbconvert --to markdown --stdout nbs/index.ipynb 2>/dev/null > README.md
+
+# Format the notebooks' code with the house rules, then export it.
+format: $(VENV)/.dev
+	$(BIN)/ruff format -q $(wildcard nbs/*.ipynb kernels_nb/*.ipynb benchmarks_nb/*.ipynb)
+	$(MAKE) --no-print-directory export
 
 # Notebooks are the source: cleaning and exporting them must change nothing, untracked files included.
 check-sync: $(VENV)/.dev
