@@ -17,51 +17,29 @@ from .tokenizer import make_tokenizer
 
 # %% ../../nbs/06_checkpoints.ipynb #c819750d
 TINY_CONFIGS = {}  # model_type -> a tiny config of that family: what the tests build and check against HF
+_TINY = dict(  # what the tiny configs share
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=320,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+)
 
 # %% ../../nbs/06_checkpoints.ipynb #c9adb904
 TINY_CONFIGS["llama"] = dict(
-    model_type="llama",
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=320,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    tie_word_embeddings=True,
+    _TINY, model_type="llama", num_key_value_heads=2, rope_theta=10000.0, tie_word_embeddings=True
 )
 
 # %% ../../nbs/06_checkpoints.ipynb #c465d575
-TINY_CONFIGS["qwen2"] = dict(
-    model_type="qwen2",
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=1,
-    vocab_size=320,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    tie_word_embeddings=False,
+TINY_CONFIGS["qwen2"] = dict(  # one KV head (MQA) and an untied LM head
+    _TINY, model_type="qwen2", num_key_value_heads=1, rope_theta=1000000.0, tie_word_embeddings=False
 )
 
 # %% ../../nbs/06_checkpoints.ipynb #505d98ff
-TINY_CONFIGS["qwen3"] = dict(
-    model_type="qwen3",
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    vocab_size=320,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    tie_word_embeddings=True,
+TINY_CONFIGS["qwen3"] = dict(  # head_dim 32, not hidden_size / heads = 16
+    _TINY, model_type="qwen3", num_key_value_heads=2, head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True
 )
 
 # %% ../../nbs/06_checkpoints.ipynb #788e7a09
