@@ -128,6 +128,13 @@ def torch_kv_dtype(self: CacheConfig):
     return None if name is None else getattr(torch, name)
 
 
+# %% ../nbs/00_config.ipynb #ee1e20f2
+@patch(cls_method=True)
+def from_options(cls: CacheConfig, options: dict):
+    "The `CacheConfig` of the cache's fields among `options` (engine keyword arguments); None takes the default."
+    return cls(**{f.name: options[f.name] for f in fields(cls) if options.get(f.name) is not None})
+
+
 # %% ../nbs/00_config.ipynb #6d33b304
 def default_max_num_batched_tokens(device) -> int:
     "Tokens per step when not given: 16384 on a GPU, 8192 elsewhere."

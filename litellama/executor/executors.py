@@ -23,7 +23,7 @@ __all__ = [
 import os
 import time
 import traceback
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -481,8 +481,7 @@ def engine_options_for_tp(
 
     if tensor_parallel_size < 1:
         raise ValueError("tensor_parallel_size must be >= 1")
-    given = {f.name: engine_options.get(f.name) for f in fields(CacheConfig)}
-    cache = CacheConfig(**{k: v for k, v in given.items() if v is not None})  # None: the default
+    cache = CacheConfig.from_options(engine_options)
     tokens = engine_options.get("max_num_batched_tokens") or default_max_num_batched_tokens(device)
     opts = dict(cache=cache, max_num_batched_tokens=tokens, quantization=quantization)
     ex = MultiprocExecutor(
