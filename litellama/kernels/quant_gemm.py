@@ -113,7 +113,9 @@ def per_token_quant_ref(x: torch.Tensor, dtype=torch.int8, group_size: int | Non
     pad = torch.nn.functional.pad(x.float(), (0, n * g - K)).view(M, n, g)
     amax = pad.abs().amax(-1).clamp_min(1e-10)
     qmax = QMAX[dtype]
-    v = (pad * (qmax / amax)[..., None]).view(M, n * g)[:, :K]
+    # rounded once, as the kernel's (torch computes `qmax / amax` as `amax.reciprocal() * qmax`)
+    inv = torch.full_like(amax, qmax) / amax
+    v = (pad * inv[..., None]).view(M, n * g)[:, :K]
     q = v.round().clamp(-127, 127).to(torch.int8) if dtype == torch.int8 else v.clamp(-448, 448).to(dtype)
     s = amax / qmax
     return q, (s if group_size else s[:, 0])
