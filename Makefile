@@ -26,11 +26,9 @@ $(VENV)/.dev: $(VENV)/.demo
 demo: $(VENV)/.demo
 	$(BIN)/litellama demo
 
-# The package is exported from the notebooks, and README.md from nbs/index.ipynb. The cells' code is formatted in the
-# notebooks (`make lint` checks it); ruff formats the lines nbdev writes around it (`__all__`, the gaps between cells).
+# The package is exactly what nbdev-export writes; README.md is generated from nbs/index.ipynb.
 export: $(VENV)/.dev
 	$(BIN)/nbdev-export
-	$(BIN)/ruff format -q litellama
 	$(BIN)/jupyter nbconvert --to markdown --stdout nbs/index.ipynb 2>/dev/null > README.md
 
 # Format the notebooks' code with the house rules, then export it.
@@ -46,10 +44,10 @@ check-sync: $(VENV)/.dev
 	  echo "Notebooks and package disagree (edit the notebook, then run make export):"; \
 	  git status --porcelain; exit 1; fi
 
-# The house rules ([tool.ruff] in pyproject.toml) on the exported package, and the format on the notebooks it comes from.
+# The house rules ([tool.ruff] in pyproject.toml): lint on the package exactly as nbdev exports it, and the format
+# on the notebooks it is exported from (the lines nbdev adds itself, `__all__` and the gaps between cells, are its own).
 lint: $(VENV)/.dev
 	$(BIN)/ruff check litellama
-	$(BIN)/ruff format --check litellama
 	$(BIN)/ruff format --check $(wildcard nbs/*.ipynb kernels_nb/*.ipynb benchmarks_nb/*.ipynb)
 
 nbtest: $(VENV)/.dev
