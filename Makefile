@@ -44,11 +44,11 @@ check-sync: $(VENV)/.dev
 	  echo "Notebooks and package disagree (edit the notebook, then run make export):"; \
 	  git status --porcelain; exit 1; fi
 
-# The house rules ([tool.ruff] in pyproject.toml): lint on the package exactly as nbdev exports it, and the format
-# on the notebooks it is exported from (the lines nbdev adds itself, `__all__` and the gaps between cells, are its own).
+# The house rules ([tool.ruff] in pyproject.toml), on the package exactly as nbdev exports it (its export processor,
+# nbs/19a_export.ipynb, writes ruff format's layout) and on the notebooks it is exported from.
 lint: $(VENV)/.dev
 	$(BIN)/ruff check litellama
-	$(BIN)/ruff format --check $(wildcard nbs/*.ipynb kernels_nb/*.ipynb benchmarks_nb/*.ipynb)
+	$(BIN)/ruff format --check litellama $(wildcard nbs/*.ipynb kernels_nb/*.ipynb benchmarks_nb/*.ipynb)
 
 nbtest: $(VENV)/.dev
 	$(BIN)/nbdev-test --n-workers 2 --timing

@@ -28,6 +28,7 @@ _PUBLIC = {  # name -> the module that defines it
     "explain_selection": "litellama.kernels.registry",
 }
 
+
 # %% ../nbs/01_api.ipynb #8e1fe20e
 def __getattr__(name: str):
     "`litellama.LLM` and the other public names, imported on first use."
