@@ -10,7 +10,7 @@ quantizing at load (when litellama.layers.quant8 is in the tree). Every part is 
     PYTHONPATH=. python3 benchmarks_nb/gpu/i18.py /tmp --dry-run  # on a CPU, tiny shapes, Triton interpreter
 """
 
-import datetime, json, math, os, subprocess, sys, time, traceback
+import json, math, os, sys, time
 from pathlib import Path
 
 DRY = "--dry-run" in sys.argv
@@ -23,32 +23,19 @@ BUDGET = float(os.environ.get("I18_BUDGET_S", 600 if DRY else 110))  # seconds f
 
 import torch
 import torch.nn.functional as F
-import triton
-import transformers
+from common import FP8, Budget, copies_for, eager_ms, environment, graph_ms, quant_block, quant_rows, rel, write_json
 from litellama.kernels import quant_gemm as qg
 
 DEV = "cpu" if DRY or not torch.cuda.is_available() else "cuda"
+CUDA = DEV == "cuda"
 DT = torch.float32 if DEV == "cpu" else torch.bfloat16
-FP8 = torch.float8_e4m3fn
-RES = {
-    "gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)",
-    "torch": torch.__version__,
-    "triton": triton.__version__,
-    "transformers": transformers.__version__,
-    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "command": " ".join([sys.executable] + sys.argv),
-    "dry_run": DRY,
-    "errors": {},
-    "skipped": [],
-    "timing": "graph_ms: 20 calls captured in one CUDA graph, weights rotated over copies of >= 256 MB, median of 5 replays / 20; "
-    "eager_ms: triton.testing.do_bench median (host launch overhead included)",
-}
-try:
-    RES["commit"] = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-except Exception:
-    RES["commit"] = "unknown"
+RES = environment(DRY)
+RES["timing"] = (
+    "graph_ms: 20 calls captured in one CUDA graph, weights rotated over copies of >= 256 MB, "
+    "median of 5 replays / 20; eager_ms: triton.testing.do_bench median (host launch overhead included)"
+)
+B = Budget(BUDGET, RES, t0=T0)
+part, left = B.part, B.left
 if DEV == "cuda":
     RES["capability"] = list(torch.cuda.get_device_capability())
 RES["defaults"] = {
@@ -56,99 +43,6 @@ RES["defaults"] = {
     "W8A8_CONFIGS": getattr(qg, "W8A8_CONFIGS", None),
     "FP8_BACKEND": getattr(qg, "FP8_BACKEND", None),
 }
-
-
-def left():
-    return BUDGET - (time.time() - T0)
-
-
-def part(name, need=5.0):
-    "Run one part unless fewer than `need` seconds are left; record its error and go on."
-
-    def deco(fn):
-        if left() < need:
-            RES["skipped"].append(name)
-            print(f"SKIP {name}: time budget spent")
-            return fn
-        t = time.time()
-        try:
-            fn()
-        except Exception as e:
-            RES["errors"][name] = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        RES.setdefault("part_seconds", {})[name] = round(time.time() - t, 2)
-        return fn
-
-    return deco
-
-
-def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def eager_ms(fn):
-    if DEV == "cpu":
-        fn()
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    return triton.testing.do_bench(fn, warmup=3, rep=10, return_mode="median")
-
-
-def graph_ms(fns, calls=20, replays=5):
-    "Milliseconds per call: `calls` calls cycling over `fns` (one per weight copy) recorded in one CUDA graph, median over replays."
-    if DEV == "cpu":
-        fns[0]()
-        t = time.perf_counter()
-        fns[0]()
-        return (time.perf_counter() - t) * 1e3
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns[:2]:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    sync()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    g.replay()
-    sync()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / calls)
-    del g
-    return sorted(ts)[len(ts) // 2]
-
-
-def copies_for(nbytes):
-    return 1 if DEV == "cpu" else max(1, min(16, math.ceil((256 << 20) / max(nbytes, 1))))
-
-
-def quant_rows(w, dtype):
-    s = w.float().abs().amax(1).clamp_min(1e-10) / qg.QMAX[dtype]
-    q = w.float() / s[:, None]
-    return (q.round().clamp(-127, 127).to(torch.int8) if dtype == torch.int8 else q.clamp(-448, 448).to(dtype)), s
-
-
-def quant_block(w, bk=128):
-    "fp8 weight with one scale per row and `bk` columns (what the block method keeps after load)."
-    N, K = w.shape
-    kb = -(-K // bk)
-    pad = F.pad(w.float(), (0, kb * bk - K)).view(N, kb, bk)
-    s = pad.abs().amax(-1).clamp_min(1e-10) / 448
-    return (pad / s[..., None]).view(N, kb * bk)[:, :K].to(FP8), s.contiguous()
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
 def exact_int8_ref(xq, sx, wq, sw, bias=None, out_dtype=torch.float32):
@@ -268,7 +162,7 @@ def make_weights(N, K):
     }
     del w
     for k, nb in (("bf16", 2), ("int8", 1), ("fp8", 1), ("fp8b", 1)):
-        for _ in range(copies_for(N * K * nb) - 1):
+        for _ in range(copies_for(N * K * nb, CUDA) - 1):
             src = ws[k][0]
             ws[k].append(src.clone() if k == "bf16" else tuple(t.clone() for t in src))
     return ws
@@ -354,8 +248,8 @@ def _():
                     continue
                 r = dict(proj=pname, M=M, N=N, K=K, variant=name)
                 try:
-                    r["graph_ms"] = graph_ms(fns)
-                    r["eager_ms"] = eager_ms(fns[0])
+                    r["graph_ms"] = graph_ms(fns, CUDA)
+                    r["eager_ms"] = eager_ms(fns[0], CUDA)
                     moved = N * K * wbytes + M * K * 2 + M * N * 2
                     r["graph_gbps"] = moved / r["graph_ms"] / 1e6
                     r["weight_tbps"] = N * K * wbytes / r["graph_ms"] / 1e9 if wbytes else None
@@ -474,7 +368,7 @@ def sweep(tag, M, kind, cfgs, need=8):
         wkind = {"int8": "int8", "fp8": "fp8", "fp8b": "fp8b", "mm_int8": "int8", "mm_fp8": "fp8"}[kind]
         q0, s0 = quant_block(w, BK) if wkind == "fp8b" else quant_rows(w, torch.int8 if wkind == "int8" else FP8)
         del w
-        cps = [(q0, s0)] + [(q0.clone(), s0.clone()) for _ in range(copies_for(N * K) - 1)]
+        cps = [(q0, s0)] + [(q0.clone(), s0.clone()) for _ in range(copies_for(N * K, CUDA) - 1)]
         if kind.startswith("mm"):
             xq, sx = qg.per_token_quant(x, torch.int8 if kind == "mm_int8" else FP8)
             ref = (
@@ -496,7 +390,7 @@ def sweep(tag, M, kind, cfgs, need=8):
                 fns = mk(cfg)
                 r["rel_err"] = rel(fns[0](), ref)
                 r["ok"] = r["rel_err"] < (1e-5 if DT == torch.float32 else 1e-2)
-                r["graph_ms"] = graph_ms(fns)
+                r["graph_ms"] = graph_ms(fns, CUDA)
                 r["weight_tbps"] = N * K / r["graph_ms"] / 1e9
             except Exception as ex:
                 r["error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
@@ -699,8 +593,7 @@ def _():
 
 
 RES["total_seconds"] = round(time.time() - T0, 1)
-OUT.mkdir(parents=True, exist_ok=True)
-(OUT / "i18.json").write_text(json.dumps(RES, indent=1, default=str))
+write_json(RES, OUT, "i18.json")
 print("\nsuggested tables for kernels_nb/12_quant_gemm.ipynb (W8A16_TUNED / W8A8_TUNED):")
 print(json.dumps(SUGGEST, indent=1))
 print(

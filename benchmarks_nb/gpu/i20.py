@@ -7,8 +7,7 @@ random-weight 30B-A3B model through the engine with CUDA graphs, and HF transfor
 
 Writes OUT_DIR/i20.json and prints a table. Every part is guarded: a failure is recorded and the next part runs."""
 
-import gc, json, os, subprocess, sys, time, traceback
-from datetime import datetime, timezone
+import os, sys, time
 
 DRY = "--dry-run" in sys.argv
 if DRY:
@@ -21,7 +20,11 @@ T0 = time.perf_counter()
 BUDGET_S = 80  # no part starts after this many seconds, unless it says (the whole run: under 150 s)
 DEV = "cpu" if DRY else "cuda"
 DT = torch.float32 if DRY else torch.bfloat16
-SHAPE = dict(E=4, K=2, H=64, I=128) if DRY else dict(E=128, K=8, H=2048, I=768)
+import moe_engine
+from common import run_info, sync, write_json
+from moe_engine import rel_err
+
+SHAPE = moe_engine.expert_shape(DRY)
 TOKENS = (1, 3) if DRY else (1, 16, 64, 4096)
 out_dir = next((a for a in sys.argv[1:] if not a.startswith("--")), os.environ.get("OUT", "."))
 res = dict(
@@ -35,90 +38,37 @@ res = dict(
 )
 
 
-def env():
-    import transformers
-
-    try:
-        commit = (
-            subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
-            or "unknown"
-        )
-    except Exception:
-        commit = "unknown"
-    return dict(
-        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)",
-        torch=torch.__version__,
-        triton=triton.__version__,
-        transformers=transformers.__version__,
-        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        commit=commit,
-    )
-
-
-def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
 def bench_ms(fn, reps=None):
     "Median ms: triton's do_bench on a GPU; wall clock of a few calls on the CPU."
     if DEV == "cuda":
         return triton.testing.do_bench(fn, warmup=10, rep=reps or 60, return_mode="median")
-    ts = []
-    for _ in range(3):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return sorted(ts)[1]
+    return moe_engine.cpu_ms(fn)
 
 
 def graph_ms(fn, calls=10):
     "Ms per call of `fn` recorded `calls` times in one CUDA graph (no launch overhead); None on the CPU."
-    if DEV != "cuda":
-        return None
-    from litellama.kernels.tuned import graph_ms as g
-
-    return g(fn, calls=calls)
+    return moe_engine.graph_ms(fn, DEV, calls) if DEV == "cuda" else None
 
 
 def part(name, start_before=None):
     "Run a part unless it would start after `start_before` seconds (default `BUDGET_S`); record its result or its error."
-
-    def deco(fn):
-        limit = (start_before or BUDGET_S) * (
-            20 if DRY else 1
-        )  # the CPU dry run is slow: it checks the code, not the time
-        if time.perf_counter() - T0 > limit:
-            res["errors"][name] = f"skipped: started after {limit} s of the run"
-            return fn
-        t = time.perf_counter()
-        try:
-            res["parts"][name] = fn()
-        except Exception as e:
-            res["errors"][name] = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        res.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t, 2)
-        gc.collect()
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
-        return fn
-
-    return deco
+    limit = (start_before or BUDGET_S) * (20 if DRY else 1)  # the CPU dry run is slow: it checks the code, not the time
+    if time.perf_counter() - T0 > limit:
+        res["errors"][name] = f"skipped: started after {limit} s of the run"
+        return lambda fn: fn
+    return moe_engine.part(res, name, DEV)
 
 
-res["environment"] = env()
+res["environment"] = run_info(DRY)
 from litellama.kernels import fused_moe as fm
 
 E, K, H, I = SHAPE["E"], SHAPE["K"], SHAPE["H"], SHAPE["I"]
-g = torch.Generator(device=DEV).manual_seed(0)
-w13 = (torch.randn(E, 2 * I, H, device=DEV, generator=g) / H**0.5).to(DT)
-w2 = (torch.randn(E, H, I, device=DEV, generator=g) / I**0.5).to(DT)
+w13, w2 = moe_engine.expert_weights(SHAPE, DEV, DT)
 
 
 def routing(T, seed):
-    gg = torch.Generator(device=DEV).manual_seed(seed)
-    x = torch.randn(T, H, device=DEV, generator=gg).to(DT)
-    tw, ti = fm.moe_topk(torch.randn(T, E, device=DEV, generator=gg).to(DT), K, True)
+    x, logits = moe_engine.router_inputs(T, seed, SHAPE, DEV, DT)
+    tw, ti = fm.moe_topk(logits, K, True)
     return x, tw, ti
 
 
@@ -137,10 +87,6 @@ def grouped_mm_moe(x, w13, w2, tw, ti):
     out = torch.empty_like(y)
     out[order] = y
     return out.view(T, K, H).sum(1, dtype=torch.float32).to(x.dtype)
-
-
-def rel_err(a, b):
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
 
 
 @part("correctness_bf16")
@@ -253,10 +199,7 @@ del w13, w2, w13_8, w2_8
 if DEV == "cuda":
     torch.cuda.empty_cache()
 
-from litellama.testing.checkpoints import SHAPES
-import moe_engine
-
-like = "tiny-qwen3-moe" if DRY else "qwen3-30b-a3b"
+like = moe_engine.model_like(DRY)
 PROMPT, GEN = 16, (8 if DRY else 64)
 from litellama.benchmarks.harness import W1_ROWS
 
@@ -271,17 +214,7 @@ MODEL = {}
 
 @part("engine_tpot_batch1", start_before=45)
 def _():
-    from transformers import AutoConfig
-
-    from litellama.models.qwen3_moe import random_model
-
-    cfg = AutoConfig.for_model(**SHAPES[like])
-    t = time.perf_counter()
-    model = random_model(cfg, DT, DEV, seed=0)
-    sync()
-    build_s = time.perf_counter() - t
-    out = moe_engine.engine_tpot(model, cfg, DEV, DT, PROMPT, GEN)
-    out.update(build_s=build_s, params=sum(p.numel() for p in model.parameters()))
+    out, model, cfg = moe_engine.random_model_tpot(like, DEV, DT, PROMPT, GEN)
     MODEL["ours"] = (model, cfg)  # workload 1 reuses it, then frees it before HF
     return out
 
@@ -296,20 +229,16 @@ def _():
 
 
 MODEL.clear()
-gc.collect()
-if DEV == "cuda":
-    torch.cuda.empty_cache()
+moe_engine.free(DEV)
 
 
 @part("hf_batch1", start_before=100)
 def _():
-    from transformers import AutoConfig
-
     t_w1 = time.perf_counter()
     time_left = lambda b: (
         time.perf_counter() - t_w1 <= HF_W1_SECONDS and (DRY or time.perf_counter() - T0 <= RUN_LIMIT_S - 8)
     )
-    cfg = AutoConfig.for_model(**SHAPES[like])
+    cfg = moe_engine.model_config(like)
     return moe_engine.hf_speed(cfg, DEV, DT, PROMPT, 4 if DRY else 16, W1, HF_W1_TOKENS, time_left)
 
 
@@ -319,10 +248,7 @@ if "engine_tpot_batch1" in p and "hf_batch1" in p:
 if "workload1_litellama" in p:
     p["workload1"] = moe_engine.side_by_side(p)
 res["total_seconds"] = round(time.perf_counter() - T0, 1)
-os.makedirs(out_dir, exist_ok=True)
-path = os.path.join(out_dir, "i20.json")
-with open(path, "w") as f:
-    json.dump(res, f, indent=1, default=str)
+path = write_json(res, out_dir, "i20.json")
 
 print(f"\n{'part':<22} {'tokens':>6} {'impl':<11} {'ms':>9} {'graph ms':>9} {'TFLOP/s':>8} {'GB/s':>8} {'x loop':>7}")
 for r in p.get("kernels", []):
@@ -345,11 +271,4 @@ if "hf_batch1" in p:
     print(
         f"HF batch-1 {p['hf_batch1']['output_tok_s']:.2f} tok/s; speed-up {p.get('batch1_speedup_vs_hf', float('nan')):.1f}x"
     )
-for r in p.get("workload1", []):
-    f = lambda k: format(r[k], "10.1f") if r.get(k) is not None else "         -"
-    print(
-        f"workload1 {r['batch']:>4}x{r['prompt']}x{r['generated']:<4} litellama {f('litellama_tok_s')} tok/s  HF {f('hf_tok_s')} tok/s ({r['hf_generated']} tokens)  x{f('speedup')}"
-    )
-for k, v in res["errors"].items():
-    print(f"ERROR {k}: {v}")
-print(f"wrote {path} in {res['total_seconds']} s")
+moe_engine.print_end(res, path)

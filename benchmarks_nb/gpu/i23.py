@@ -6,7 +6,7 @@ and 32 with images. Random weights (speed does not depend on their values), buil
     PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/i23.py /tmp/out --dry-run   # tiny shapes on the CPU
 """
 
-import datetime, json, os, statistics, subprocess, sys, time, traceback
+import os, sys, time
 import numpy as np
 import torch
 
@@ -19,67 +19,25 @@ DECODE_TOKENS = 8 if DRY else 64
 BATCHES = (1, 2) if DRY else (1, 32)
 RES = {"errors": {}}
 
+from common import (
+    decode_vs_hf,
+    engine_decode,
+    guarded,
+    hf_decode,
+    ms_vs_hf,
+    perturb_norms,
+    print_vs_hf,
+    run_info,
+    timed,
+    vlm_engines,
+    write_json,
+)
 
-def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, reps=5, warmup=1):
-    "Median wall seconds of `fn()` (synchronised), after `warmup` calls."
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
-def part(name):
-    "Run one part; record its error and go on."
-
-    def wrap(fn):
-        t = time.perf_counter()
-        try:
-            fn()
-        except Exception as e:
-            RES["errors"][name] = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        RES.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t, 2)
-        return fn
-
-    return wrap
-
-
-def meta():
-    import triton, transformers
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        commit = "unknown"
-    RES.update(
-        gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)",
-        torch=torch.__version__,
-        triton=triton.__version__,
-        transformers=transformers.__version__,
-        date=datetime.datetime.now(datetime.UTC).isoformat(),
-        commit=commit,
-        command=" ".join([sys.executable, *sys.argv]),
-        shape=LIKE,
-        dtype=str(DT),
-    )
-
-
-meta()
+part = lambda name: guarded(RES, name)  # run one part; record its error and go on
+RES.update(run_info(DRY), command=" ".join([sys.executable, *sys.argv]), shape=LIKE, dtype=str(DT))
 from transformers import LlavaForConditionalGeneration as HFLlava
 from litellama.models.llava import LlavaForConditionalGeneration, llava_config
 from litellama.models.decoder import load_weights
-from litellama.engine.llm_engine import ContinuousBatchingEngine
 from litellama.sampling_params import SamplingParams
 
 IMAGE_TOKEN = 300 if DRY else 32000
@@ -109,10 +67,7 @@ def random_images(n, seed):
 t0 = time.perf_counter()
 with torch.device(DEV):
     hf = HFLlava._from_config(config, dtype=DT).eval()
-with torch.no_grad():  # HF initialises norms to 1 and biases to 0: perturb them so they are tested
-    for n, p in hf.named_parameters():
-        if "norm" in n or "bias" in n:
-            p.add_(torch.randn_like(p) * 0.05)
+perturb_norms(hf)
 ours = LlavaForConditionalGeneration(config, dtype=DT, device=DEV)
 load_weights(ours, hf.state_dict().items())
 RES["build_seconds"] = round(time.perf_counter() - t0, 2)
@@ -128,34 +83,16 @@ def eng_prompt_ids(ids):
     return ids[:i] + [IMAGE_TOKEN] * N_IMG + ids[i + 1 :]
 
 
-_engines = {}
-
-
-def make_engine(max_num_seqs):
-    if max_num_seqs in _engines:
-        return _engines[max_num_seqs]
-    for e in list(_engines.values()):
-        del e
-    _engines.clear()
-    if DEV == "cuda":
-        torch.cuda.empty_cache()
-    eng = ContinuousBatchingEngine(
-        ours,
-        config.text_config,
-        None,
-        None,
-        device=DEV,
-        dtype=DT,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=8192 if not DRY else 256,
-        block_size=16,
-        kv_cache_memory=(8 << 30) if not DRY else None,
-        num_kv_blocks=None if not DRY else 256,
-        enable_prefix_caching=False,
-    )
-    eng.image_processor = Processor()
-    _engines[max_num_seqs] = eng
-    return eng
+make_engine = vlm_engines(
+    ours,
+    config.text_config,
+    Processor(),
+    DEV,
+    DT,
+    max_num_batched_tokens=8192 if not DRY else 256,
+    kv_cache_memory=(8 << 30) if not DRY else None,
+    num_kv_blocks=None if not DRY else 256,
+)
 
 
 @part("correctness")
@@ -204,11 +141,7 @@ def _():
         with torch.no_grad():
             t_ours = timed(lambda: ours.embed_images(px))
             t_hf = timed(lambda: hf.get_image_features(pixel_values=px.to(DT)))
-        RES.setdefault("vision_tower_ms", {})[b] = {
-            "litellama": t_ours * 1e3,
-            "hf": t_hf * 1e3,
-            "speedup": t_hf / t_ours,
-        }
+        RES.setdefault("vision_tower_ms", {})[b] = ms_vs_hf(t_ours, t_hf)
 
 
 @part("ttft")
@@ -232,13 +165,12 @@ def _():
             hf.generate(ids, pixel_values=px, max_new_tokens=1, do_sample=False, pad_token_id=0)
 
     t_ours, t_hf = timed(ours_once), timed(hf_once)
-    RES["ttft_ms_one_image"] = {
-        "litellama": t_ours * 1e3,
-        "hf": t_hf * 1e3,
-        "speedup": t_hf / t_ours,
-        "prompt_tokens": ids.shape[1],
-        "note": "litellama: add_request (preprocess, vision tower) + prefill + first token",
-    }
+    RES["ttft_ms_one_image"] = ms_vs_hf(
+        t_ours,
+        t_hf,
+        prompt_tokens=ids.shape[1],
+        note="litellama: add_request (preprocess, vision tower) + prefill + first token",
+    )
 
 
 @part("decode")
@@ -248,26 +180,11 @@ def _():
         imgs = random_images(B, 1000 + B)
         sp = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
 
-        def run_ours():
-            for im in imgs:
-                eng.add_request({"prompt_token_ids": prompt_ids(), "multi_modal_data": {"image": im}}, sp)
-            firsts, n_after, t_all_first = set(), 0, None
-            t0 = time.perf_counter()
-            while eng.has_unfinished_requests():
-                for o in eng.step():
-                    if o.request_id in firsts:
-                        n_after += len(o.token_ids)
-                    elif o.token_ids:
-                        firsts.add(o.request_id)
-                        n_after += len(o.token_ids) - 1
-                if t_all_first is None and len(firsts) == B:
-                    sync()
-                    t_all_first, n_after = time.perf_counter(), 0
-            sync()
-            return n_after / (time.perf_counter() - t_all_first), time.perf_counter() - t0
-
+        run_ours = lambda: engine_decode(
+            eng, [{"prompt_token_ids": prompt_ids(), "multi_modal_data": {"image": im}} for im in imgs], sp
+        )
         run_ours()  # warm-up
-        tps, wall = run_ours()
+        ours_run = run_ours()
         px = pixels_of(imgs).to(DEV, DT)
         ids = torch.tensor([eng_prompt_ids(prompt_ids()) for _ in range(B)], device=DEV)
 
@@ -275,25 +192,11 @@ def _():
             with torch.no_grad():
                 hf.generate(ids, pixel_values=px, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
 
-        hf_gen(2)
-        t_first = timed(lambda: hf_gen(1), reps=2, warmup=0)
-        t_full = timed(lambda: hf_gen(DECODE_TOKENS), reps=1, warmup=0)
-        hf_tps = B * (DECODE_TOKENS - 1) / max(t_full - t_first, 1e-9)
-        RES.setdefault("decode_tok_s", {})[B] = {
-            "litellama": tps,
-            "hf": hf_tps,
-            "speedup": tps / hf_tps,
-            "litellama_wall_s": wall,
-            "hf_wall_s": t_full,
-            "tokens_per_request": DECODE_TOKENS,
-            "cuda_graphs": bool(eng.runner.graphs),
-        }
+        hf_run = hf_decode(hf_gen, B, DECODE_TOKENS)
+        RES.setdefault("decode_tok_s", {})[B] = decode_vs_hf(ours_run, hf_run, DECODE_TOKENS, eng)
 
 
-os.makedirs(OUT, exist_ok=True)
-path = os.path.join(OUT, "i23.json")
-with open(path, "w") as f:
-    json.dump(RES, f, indent=1, default=str)
+path = write_json(RES, OUT, "i23.json")
 print(f"\n{LIKE} on {RES['gpu']} ({RES['dtype']}), results in {path}")
 print(
     f"features max|diff| {RES.get('features_max_abs_diff', float('nan')):.3g} (rel {RES.get('features_rel_diff', float('nan')):.3g}); "
@@ -302,8 +205,4 @@ print(
 rows = [("vision tower, %s image(s), ms" % b, v) for b, v in RES.get("vision_tower_ms", {}).items()]
 rows += [("TTFT one image, ms", RES["ttft_ms_one_image"])] if "ttft_ms_one_image" in RES else []
 rows += [("decode tok/s, batch %s" % b, v) for b, v in RES.get("decode_tok_s", {}).items()]
-print(f"{'':<32}{'litellama':>12}{'HF':>12}{'ratio':>8}")
-for name, v in rows:
-    print(f"{name:<32}{v['litellama']:>12.2f}{v['hf']:>12.2f}{v['speedup']:>8.2f}")
-for k, e in RES["errors"].items():
-    print(f"ERROR in {k}: {e}")
+print_vs_hf(rows, RES["errors"])

@@ -9,8 +9,7 @@ engine's batch-1 TPOT with its decode profile, workload 1, and HF transformers b
 Writes OUT_DIR/moe.json and prints a table. Every part is guarded: a failure is recorded and the next part runs; no part
 starts after its time limit, so the whole run stays under 140 s."""
 
-import gc, json, os, subprocess, sys, time, traceback
-from datetime import datetime, timezone
+import os, sys, time
 
 DRY = "--dry-run" in sys.argv
 if DRY:
@@ -22,7 +21,11 @@ T0 = time.perf_counter()
 RUN_LIMIT_S = 132  # nothing starts after this (the whole run: under 140 s)
 DEV = "cpu" if DRY else "cuda"
 DT = torch.float32 if DRY else torch.bfloat16
-SHAPE = dict(E=4, K=2, H=64, I=128) if DRY else dict(E=128, K=8, H=2048, I=768)
+import moe_engine
+from common import run_info, sync, write_json
+from moe_engine import rel_err
+
+SHAPE = moe_engine.expert_shape(DRY)
 TOKENS = (1, 3) if DRY else (1, 16, 64)
 out_dir = next((a for a in sys.argv[1:] if not a.startswith("--")), os.environ.get("OUT", "."))
 res = dict(
@@ -38,93 +41,37 @@ res = dict(
 )
 
 
-def env():
-    import transformers
-
-    try:
-        commit = (
-            subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
-            or "unknown"
-        )
-    except Exception:
-        commit = "unknown"
-    return dict(
-        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)",
-        torch=torch.__version__,
-        triton=triton.__version__,
-        transformers=transformers.__version__,
-        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        commit=commit,
-    )
-
-
-def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
 def elapsed():
     return time.perf_counter() - T0
 
 
 def graph_ms(fn, calls=10):
     "Ms per call of `fn` replayed from one CUDA graph of `calls` calls; on the CPU the median wall time of three calls."
-    if DEV == "cuda":
-        from litellama.kernels.tuned import graph_ms as g
-
-        return g(fn, calls=calls)
-    ts = []
-    for _ in range(3):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return sorted(ts)[1]
+    return moe_engine.graph_ms(fn, DEV, calls)
 
 
 def part(name, start_before):
     "Run a part unless the run is already `start_before` seconds old; record its result or its error."
-
-    def deco(fn):
-        limit = start_before * (30 if DRY else 1)  # the CPU dry run checks the code, not the time
-        if elapsed() > limit:
-            res["errors"][name] = f"skipped: the run was past {limit} s"
-            return fn
-        t = time.perf_counter()
-        try:
-            res["parts"][name] = fn()
-        except Exception as e:
-            res["errors"][name] = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        res["part_seconds"][name] = round(time.perf_counter() - t, 2)
-        print(f"[{elapsed():6.1f} s] {name} done", flush=True)
-        gc.collect()
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
-        return fn
-
-    return deco
+    limit = start_before * (30 if DRY else 1)  # the CPU dry run checks the code, not the time
+    if elapsed() > limit:
+        res["errors"][name] = f"skipped: the run was past {limit} s"
+        return lambda fn: fn
+    return moe_engine.part(res, name, DEV, then=lambda: print(f"[{elapsed():6.1f} s] {name} done", flush=True))
 
 
-def rel_err(a, b):
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
-
-
-res["environment"] = env()
+res["environment"] = run_info(DRY)
 from litellama.kernels import autotune
 from litellama.kernels import fused_moe as fm
 from litellama.kernels import linear as lin
 
 E, K, H, I = SHAPE["E"], SHAPE["K"], SHAPE["H"], SHAPE["I"]
-g = torch.Generator(device=DEV).manual_seed(0)
-w13 = (torch.randn(E, 2 * I, H, device=DEV, generator=g) / H**0.5).to(DT)
-w2 = (torch.randn(E, H, I, device=DEV, generator=g) / I**0.5).to(DT)
+w13, w2 = moe_engine.expert_weights(SHAPE, DEV, DT)
 w13_8, s13 = fm.quantize_blockwise(w13.float())
 w2_8, s2 = fm.quantize_blockwise(w2.float())
 
 
 def inputs(T, seed):
-    gg = torch.Generator(device=DEV).manual_seed(seed)
-    return torch.randn(T, H, device=DEV, generator=gg).to(DT), torch.randn(T, E, device=DEV, generator=gg).to(DT)
+    return moe_engine.router_inputs(T, seed, SHAPE, DEV, DT)
 
 
 def layer(x, logits, fp8=False, **config):
@@ -309,15 +256,11 @@ def _():
 
 
 del w13, w2, w13_8, w2_8, s13, s2
-gc.collect()
-if DEV == "cuda":
-    torch.cuda.empty_cache()
+moe_engine.free(DEV)
 
-from litellama.testing.checkpoints import SHAPES
-import moe_engine
 from litellama.benchmarks.harness import W1_ROWS
 
-like = "tiny-qwen3-moe" if DRY else "qwen3-30b-a3b"
+like = moe_engine.model_like(DRY)
 PROMPT, GEN = 16, (8 if DRY else 64)
 W1 = [(1, 8, 4), (3, 5, 3)] if DRY else W1_ROWS  # (batch, prompt, generated), BENCHMARKS.md's workload 1
 HF_W1_TOKENS, HF_W1_SECONDS = (
@@ -329,17 +272,8 @@ MODEL = {}
 
 @part("engine_tpot_batch1", start_before=60)
 def _():
-    from transformers import AutoConfig
-
-    from litellama.models.qwen3_moe import random_model
-
-    cfg = AutoConfig.for_model(**SHAPES[like])
-    t = time.perf_counter()
-    model = random_model(cfg, DT, DEV, seed=0)
-    sync()
-    build_s = time.perf_counter() - t
-    out = moe_engine.engine_tpot(model, cfg, DEV, DT, PROMPT, GEN)
-    out.update(build_s=build_s, params=sum(p.numel() for p in model.parameters()), installed=dict(res["installed"]))
+    out, model, cfg = moe_engine.random_model_tpot(like, DEV, DT, PROMPT, GEN)
+    out["installed"] = dict(res["installed"])
     MODEL["ours"] = (model, cfg)  # workload 1 reuses it, then frees it before HF
     return out
 
@@ -354,22 +288,18 @@ def _():
 
 
 MODEL.clear()
-gc.collect()
-if DEV == "cuda":
-    torch.cuda.empty_cache()
+moe_engine.free(DEV)
 
 
 @part("hf_batch1", start_before=98)
 def _():
-    from transformers import AutoConfig
-
     t_w1 = time.perf_counter()
 
     def time_left(b):
         est = 4 + 0.03 * b  # seconds a 16-token row takes HF (batch 256: about 11 s)
         return time.perf_counter() - t_w1 + est <= HF_W1_SECONDS and (DRY or elapsed() + est <= RUN_LIMIT_S)
 
-    cfg = AutoConfig.for_model(**SHAPES[like])
+    cfg = moe_engine.model_config(like)
     return moe_engine.hf_speed(cfg, DEV, DT, PROMPT, 4 if DRY else 12, W1, HF_W1_TOKENS, time_left)
 
 
@@ -380,10 +310,7 @@ if "hf_batch1" in p and isinstance(eng, dict) and "tpot_ms" in eng:
 if "workload1_litellama" in p:
     p["workload1"] = moe_engine.side_by_side(p)
 res["total_seconds"] = round(elapsed(), 1)
-os.makedirs(out_dir, exist_ok=True)
-path = os.path.join(out_dir, "moe.json")
-with open(path, "w") as f:
-    json.dump(res, f, indent=1, default=str)
+path = write_json(res, out_dir, "moe.json")
 
 for r in p.get("correctness", []):
     print("correctness", " ".join(f"{a}={b:.2e}" if isinstance(b, float) else f"{a}={b}" for a, b in r.items()))
@@ -425,11 +352,4 @@ if isinstance(eng, dict) and "tpot_ms" in eng:
         print(f"  profile: {prof}")
 if "hf_batch1" in p:
     print(f"HF batch-1 {p['hf_batch1']['output_tok_s']:.2f} tok/s ({p['hf_batch1']['experts_implementation']})")
-for r in p.get("workload1", []):
-    f = lambda k: format(r[k], "10.1f") if r.get(k) is not None else "         -"
-    print(
-        f"workload1 {r['batch']:>4}x{r['prompt']}x{r['generated']:<4} litellama {f('litellama_tok_s')} tok/s  HF {f('hf_tok_s')} tok/s ({r['hf_generated']} tokens)  x{f('speedup')}"
-    )
-for k, v in res["errors"].items():
-    print(f"ERROR {k}: {v}")
-print(f"wrote {path} in {res['total_seconds']} s")
+moe_engine.print_end(res, path)

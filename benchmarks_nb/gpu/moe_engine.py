@@ -1,11 +1,80 @@
-"""The whole-model half of the Qwen3-MoE GPU scripts (`i20.py`, `moe.py`): batch-1 TPOT through the engine with the
-kernels of 8 decode steps by group, workload 1 through the engine, HF transformers' batch 1 and workload 1 on the same
-random-weight shape, and the two side by side. Each script passes its device, dtype and time guards."""
+"""What the Qwen3-MoE GPU scripts (`i20.py`, `moe.py`) share: their expert shapes, weights and router inputs, timers,
+guarded parts that keep their results and free memory after each; and the whole-model half: batch-1 TPOT through the
+engine with the kernels of 8 decode steps by group, workload 1 through the engine, HF transformers' batch 1 and
+workload 1 on the same random-weight shape, and the two side by side. Each script passes its device, dtype and time
+guards."""
 
 import gc
 import time
 
 import torch
+from common import batch1_tpot, guarded
+
+# ---------------------------------------------------------------- the kernel half: shapes, weights, timers, parts
+
+
+def expert_shape(dry: bool) -> dict:
+    "Qwen3-30B-A3B's experts (128, top-8, hidden 2048, intermediate 768), or tiny ones for a dry run."
+    return dict(E=4, K=2, H=64, I=128) if dry else dict(E=128, K=8, H=2048, I=768)
+
+
+def expert_weights(shape: dict, dev, dt) -> tuple:
+    "Random gate|up `[E, 2I, H]` and down `[E, H, I]` expert weights (seed 0), scaled by their fan-in."
+    E, H, inter = shape["E"], shape["H"], shape["I"]
+    g = torch.Generator(device=dev).manual_seed(0)
+    w13 = (torch.randn(E, 2 * inter, H, device=dev, generator=g) / H**0.5).to(dt)
+    w2 = (torch.randn(E, H, inter, device=dev, generator=g) / inter**0.5).to(dt)
+    return w13, w2
+
+
+def router_inputs(T: int, seed: int, shape: dict, dev, dt) -> tuple:
+    "`T` tokens' hidden states `[T, H]` and router logits `[T, E]`, drawn from `seed`."
+    gg = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(T, shape["H"], device=dev, generator=gg).to(dt)
+    return x, torch.randn(T, shape["E"], device=dev, generator=gg).to(dt)
+
+
+def rel_err(a, b):
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
+
+
+def cpu_ms(fn):
+    "The median wall ms of three calls: the CPU dry run's stand-in for the GPU timers."
+    ts = []
+    for _ in range(3):
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e3)
+    return sorted(ts)[1]
+
+
+def graph_ms(fn, dev, calls=10):
+    "Ms per call of `fn` replayed from one CUDA graph of `calls` calls; `cpu_ms` on the CPU."
+    if dev != "cuda":
+        return cpu_ms(fn)
+    from litellama.kernels.tuned import graph_ms as g
+
+    return g(fn, calls=calls)
+
+
+def free(dev):
+    gc.collect()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+
+
+def part(res, name, dev, then=None):
+    "`common.guarded` keeping the part's result under `res['parts']`; then `then()` (when given) and memory freed."
+
+    def after():
+        if then is not None:
+            then()
+        free(dev)
+
+    return guarded(res, name, res["parts"], then=after)
+
+
+# ---------------------------------------------------------------- the whole-model half
 
 # each kernel in the first group whose pattern it contains, in this order; the rest under "other"
 GROUPS = [
@@ -88,21 +157,10 @@ def decode_profile(eng, prompt, dev, steps=8):
 
 def engine_tpot(model, cfg, dev, dt, prompt_len: int, gen: int) -> dict:
     "Batch-1 TPOT (the median of two timed requests after a warm-up) and the decode profile."
-    from litellama.sampling_params import SamplingParams
-
     eng, setup_s = _engine(
         model, cfg, dev, dt, max_num_seqs=1, max_model_len=256, max_num_batched_tokens=256, num_kv_blocks=64
     )
-    runs = []
-    for seed in range(3):  # the first warms up
-        g = torch.Generator().manual_seed(seed)
-        prompt = torch.randint(0, min(10000, cfg.vocab_size), (prompt_len,), generator=g).tolist()
-        eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True))
-        times = []
-        while eng.has_unfinished_requests():
-            outs = eng.step()
-            times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
-        runs.append((times[-1] - times[0]) / (len(times) - 1) * 1e3)
+    runs, prompt = batch1_tpot(eng, cfg.vocab_size, prompt_len, gen)  # the first warms up
     try:
         profile = decode_profile(eng, prompt, dev)
     except Exception as e:
@@ -197,6 +255,34 @@ def hf_speed(cfg, dev, dt, prompt_len: int, gen: int, rows, hf_tokens: int, may_
     )
 
 
+def model_like(dry: bool) -> str:
+    return "tiny-qwen3-moe" if dry else "qwen3-30b-a3b"
+
+
+def model_config(like: str):
+    "The transformers config of the checkpoint shape `like`."
+    from transformers import AutoConfig
+
+    from litellama.testing.checkpoints import SHAPES
+
+    return AutoConfig.for_model(**SHAPES[like])
+
+
+def random_model_tpot(like: str, dev, dt, prompt_len: int, gen: int) -> tuple:
+    """A random-weight model shaped `like` built on the device and `engine_tpot` on it, with its build seconds and
+    parameter count: (that result, the model, its config)."""
+    from litellama.models.qwen3_moe import random_model
+
+    cfg = model_config(like)
+    t = time.perf_counter()
+    model = random_model(cfg, dt, dev, seed=0)
+    sync(dev)
+    build_s = time.perf_counter() - t
+    out = engine_tpot(model, cfg, dev, dt, prompt_len, gen)
+    out.update(build_s=build_s, params=sum(p.numel() for p in model.parameters()))
+    return out, model, cfg
+
+
 def side_by_side(parts: dict) -> list:
     "Workload 1's rows of both engines (HF: fewer tokens per row, see `hf_generated`) with the speed-up."
     hf_rows = {(r["batch"], r["prompt"]): r for r in parts.get("hf_batch1", {}).get("workload1", []) if "hf_tok_s" in r}
@@ -217,3 +303,16 @@ def side_by_side(parts: dict) -> list:
             )
         )
     return out
+
+
+def print_end(res: dict, path: str):
+    "Workload 1 side by side, the errors and where the results went."
+    for r in res["parts"].get("workload1", []):
+        f = lambda k: format(r[k], "10.1f") if r.get(k) is not None else "         -"
+        print(
+            f"workload1 {r['batch']:>4}x{r['prompt']}x{r['generated']:<4} litellama {f('litellama_tok_s')} tok/s  "
+            f"HF {f('hf_tok_s')} tok/s ({r['hf_generated']} tokens)  x{f('speedup')}"
+        )
+    for k, v in res["errors"].items():
+        print(f"ERROR {k}: {v}")
+    print(f"wrote {path} in {res['total_seconds']} s")

@@ -9,7 +9,7 @@ Random weights (speed does not depend on their values). A global time guard skip
     PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/vl24.py /tmp/out --dry-run   # tiny shapes on the CPU
 """
 
-import datetime, json, os, statistics, subprocess, sys, time, traceback
+import os, sys, time, traceback
 
 T_START = time.perf_counter()
 import numpy as np
@@ -27,81 +27,44 @@ SIZES = ((64, 64), (96, 64)) if DRY else ((448, 448), (1024, 1024))  # TTFT and 
 RES = {"errors": {}, "skipped": []}
 
 
+from common import (
+    decode_vs_hf,
+    engine_decode,
+    guarded,
+    hf_decode,
+    ms_vs_hf,
+    perturb_norms,
+    print_vs_hf,
+    rel,
+    run_info,
+    timed,
+    vlm_engines,
+    write_json,
+)
+
+
 def left():
     return BUDGET_S - (time.perf_counter() - T_START)
 
 
-def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, reps=5, warmup=1):
-    "Median wall seconds of `fn()` (synchronised), after `warmup` calls."
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
 def part(name, need_s=5):
     "Run one part when at least `need_s` seconds of the budget are left; record its error and go on."
-
-    def wrap(fn):
-        if left() < need_s:
-            RES["skipped"].append(f"{name}: {left():.0f} s left of the budget")
-            return fn
-        t = time.perf_counter()
-        try:
-            fn()
-        except Exception as e:
-            RES["errors"][name] = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        RES.setdefault("part_seconds", {})[name] = round(time.perf_counter() - t, 2)
-        return fn
-
-    return wrap
-
-
-def meta():
-    import triton, transformers
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        commit = "unknown"
-    RES.update(
-        gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)",
-        torch=torch.__version__,
-        triton=triton.__version__,
-        transformers=transformers.__version__,
-        date=datetime.datetime.now(datetime.UTC).isoformat(),
-        commit=commit or "unknown",
-        command=" ".join([sys.executable, *sys.argv]),
-        shape=LIKE,
-        dtype=str(DT),
-    )
+    if left() < need_s:
+        RES["skipped"].append(f"{name}: {left():.0f} s left of the budget")
+        return lambda fn: fn
+    return guarded(RES, name)
 
 
 def save():
-    os.makedirs(OUT, exist_ok=True)
     RES["wall_seconds"] = round(time.perf_counter() - T_START, 1)
-    with open(os.path.join(OUT, "vl24.json"), "w") as f:
-        json.dump(RES, f, indent=1, default=str)
+    write_json(RES, OUT, "vl24.json")
 
 
-meta()
+RES.update(run_info(DRY), command=" ".join([sys.executable, *sys.argv]), shape=LIKE, dtype=str(DT))
 from PIL import Image
 from litellama.models import qwen3_vl as Q
 from litellama.testing.vision_checkpoints import qwen3_vl_tokenizer
 from litellama.models.decoder import load_weights
-from litellama.engine.llm_engine import ContinuousBatchingEngine
 from litellama.sampling_params import SamplingParams
 
 
@@ -204,10 +167,7 @@ try:
     torch.manual_seed(0)
     with torch.device(DEV):
         hf = HF._from_config(config, dtype=DT).eval()
-    with torch.no_grad():  # HF sets norms to 1 and biases to 0: perturb them so they are tested
-        for n, p in hf.named_parameters():
-            if "norm" in n or "bias" in n:
-                p.add_(torch.randn_like(p) * 0.05)
+    perturb_norms(hf)
     with torch.device(DEV):
         ours = Q.Qwen3VLForConditionalGeneration(config, dtype=DT, device=DEV)
     load_weights(ours, hf.state_dict().items())
@@ -239,33 +199,17 @@ def hf_inputs(ids, images):
     ), grids
 
 
-_engines = {}
-
-
-def make_engine(max_num_seqs):
-    if max_num_seqs in _engines:
-        return _engines[max_num_seqs]
-    _engines.clear()
-    if DEV == "cuda":
-        torch.cuda.empty_cache()
-    eng = ContinuousBatchingEngine(
-        ours,
-        config.text_config,
-        None,
-        None,
-        device=DEV,
-        dtype=DT,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=8192 if not DRY else 64,
-        block_size=16,
-        max_model_len=8192 if not DRY else 1024,
-        kv_cache_memory=(16 << 30) if not DRY else None,
-        num_kv_blocks=None if not DRY else 512,
-        enable_prefix_caching=False,
-    )
-    eng.image_processor = IP
-    _engines[max_num_seqs] = eng
-    return eng
+make_engine = vlm_engines(
+    ours,
+    config.text_config,
+    IP,
+    DEV,
+    DT,
+    max_num_batched_tokens=8192 if not DRY else 64,
+    max_model_len=8192 if not DRY else 1024,
+    kv_cache_memory=(16 << 30) if not DRY else None,
+    num_kv_blocks=None if not DRY else 512,
+)
 
 
 def hf_kw(kw):
@@ -296,11 +240,6 @@ def hf_image_features(pv, grid):
         merged = merged.split(sizes)
     ds = [d.split(sizes) if torch.is_tensor(d) else d for d in ds]
     return merged, ds
-
-
-def rel(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
 
 
 # ---------------------------------------------------------------- (b) parity
@@ -388,12 +327,7 @@ def _():
         with torch.no_grad():
             t_ours = timed(lambda: ours.embed_images(pv, grids), reps=3 if DRY else 5)
             t_hf = timed(lambda: hf_image_features(pv, g), reps=3 if DRY else 5)
-        RES.setdefault("c_vision_encoder_ms", {})[f"{w}x{h}"] = {
-            "litellama": t_ours * 1e3,
-            "hf": t_hf * 1e3,
-            "speedup": t_hf / t_ours,
-            "patches": pv.shape[0],
-        }
+        RES.setdefault("c_vision_encoder_ms", {})[f"{w}x{h}"] = ms_vs_hf(t_ours, t_hf, patches=pv.shape[0])
 
 
 @part("c_ttft", 15)
@@ -417,14 +351,13 @@ def _():
                 hf.generate(**hf_kw(kw), max_new_tokens=1, do_sample=False)
 
         t_ours, t_hf = timed(ours_once, reps=3), timed(hf_once, reps=3)
-        RES.setdefault("c_ttft_ms", {})[f"{w}x{h}"] = {
-            "litellama": t_ours * 1e3,
-            "hf": t_hf * 1e3,
-            "speedup": t_hf / t_ours,
-            "prompt_tokens": kw["input_ids"].shape[1],
-            "note": "litellama: add_request (PIL preprocessing, vision encoder) + prefill + first token; "
+        RES.setdefault("c_ttft_ms", {})[f"{w}x{h}"] = ms_vs_hf(
+            t_ours,
+            t_hf,
+            prompt_tokens=kw["input_ids"].shape[1],
+            note="litellama: add_request (PIL preprocessing, vision encoder) + prefill + first token; "
             "HF: generate(max_new_tokens=1) on preprocessed pixels",
-        }
+        )
 
 
 @part("c_decode", 20)
@@ -439,26 +372,11 @@ def _():
         sp = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
         prompts = [prompt_ids() for _ in range(B)]
 
-        def run_ours():
-            for p, im in zip(prompts, imgs):
-                eng.add_request({"prompt_token_ids": p, "multi_modal_data": {"image": im}}, sp)
-            firsts, n_after, t_all = set(), 0, None
-            t0 = time.perf_counter()
-            while eng.has_unfinished_requests():
-                for o in eng.step():
-                    if o.request_id in firsts:
-                        n_after += len(o.token_ids)
-                    elif o.token_ids:
-                        firsts.add(o.request_id)
-                        n_after += len(o.token_ids) - 1
-                if t_all is None and len(firsts) == B:
-                    sync()
-                    t_all, n_after = time.perf_counter(), 0
-            sync()
-            return n_after / (time.perf_counter() - t_all), time.perf_counter() - t0
-
+        run_ours = lambda: engine_decode(
+            eng, [{"prompt_token_ids": p, "multi_modal_data": {"image": im}} for p, im in zip(prompts, imgs)], sp
+        )
         run_ours()
-        tps, wall = run_ours()
+        ours_run = run_ours()
         kws = [hf_inputs(p, [im])[0] for p, im in zip(prompts, imgs)]
         kw = dict(
             input_ids=torch.cat([k["input_ids"] for k in kws]),
@@ -472,18 +390,9 @@ def _():
             with torch.no_grad():
                 hf.generate(**hf_kw(kw), max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
-        hf_gen(2)
-        t_first = timed(lambda: hf_gen(1), reps=2, warmup=0)
-        t_full = timed(lambda: hf_gen(DECODE_TOKENS), reps=1, warmup=0)
-        hf_tps = B * (DECODE_TOKENS - 1) / max(t_full - t_first, 1e-9)
+        hf_run = hf_decode(hf_gen, B, DECODE_TOKENS)
         RES.setdefault("c_decode_tok_s", {})[B] = {
-            "litellama": tps,
-            "hf": hf_tps,
-            "speedup": tps / hf_tps,
-            "litellama_wall_s": wall,
-            "hf_wall_s": t_full,
-            "tokens_per_request": DECODE_TOKENS,
-            "cuda_graphs": bool(eng.runner.graphs),
+            **decode_vs_hf(ours_run, hf_run, DECODE_TOKENS, eng),
             "image": f"{w}x{h}",
         }
 
@@ -504,10 +413,6 @@ if "b_parity" in RES:
 rows = [(f"vision encoder {k}, ms", v) for k, v in RES.get("c_vision_encoder_ms", {}).items()]
 rows += [(f"TTFT {k}, ms", v) for k, v in RES.get("c_ttft_ms", {}).items()]
 rows += [(f"decode tok/s, batch {k}", v) for k, v in RES.get("c_decode_tok_s", {}).items()]
-print(f"{'':<32}{'litellama':>12}{'HF':>12}{'ratio':>8}")
-for name, v in rows:
-    print(f"{name:<32}{v['litellama']:>12.2f}{v['hf']:>12.2f}{v['speedup']:>8.2f}")
-for k, e in RES["errors"].items():
-    print(f"ERROR in {k}: {e}")
+print_vs_hf(rows, RES["errors"])
 for s in RES["skipped"]:
     print(f"skipped {s}")

@@ -9,7 +9,7 @@ Run: PYTHONPATH=. python3 benchmarks_nb/gpu/w4.py $OUT            (GPU, under 14
      PYTHONPATH=. python3 benchmarks_nb/gpu/w4.py $OUT --dry-run  (CPU, Triton interpreter, tiny shapes)
 Writes $OUT/w4.json and prints a table. Every part is guarded: a failure is recorded and the next part runs."""
 
-import datetime, gc, json, os, subprocess, sys, time, traceback
+import datetime, gc, os, subprocess, sys, time, traceback
 
 DRY = "--dry-run" in sys.argv
 if DRY:
@@ -17,28 +17,36 @@ if DRY:
 import torch
 import torch.nn.functional as F
 import triton
+from common import QWEN3_8B, batch1_tpot, graph_ms, rel, write_json
 from litellama.kernels import w4a16 as W
 
 OUT = next((a for a in sys.argv[1:] if not a.startswith("--")), ".")
 DEV = "cpu" if DRY or not torch.cuda.is_available() else "cuda"
+CUDA = DEV == "cuda"
 T0 = time.time()
 LIMIT_S = 1e9 if DRY else 135.0  # no part starts past its own deadline; nothing starts past this
+NW, NS = (1, 1) if DRY else (4, 4)  # the launch configs' default warps and stages
+
+
+def gemv(bn, bk, nw=NW, ns=NS):
+    return dict(PATH="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+
+
+def dot(bm, bn, bk, nw=NW, ns=NS):
+    return dict(PATH="dot", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+
+
+def deq(bn, bw, nw=NW):
+    return dict(PATH="dequant", BLOCK_N=bn, BLOCK_W=bw, num_warps=nw)
+
+
+def pair(bm, bn, bk, nw=NW, ns=NS, asm=True):
+    return dict(PATH="pair", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, ASM=asm)
+
+
 if DRY:
     SHAPES = {"qkv": (64, 96), "o": (64, 64), "gate_up": (64, 192), "down": (128, 64)}  # name: (K, N)
     GROUP, DTYPE, CHECK_DTYPES, L2_BYTES, MS = 32, torch.float16, (torch.float16,), 0, (1, 4, 16, 64)
-
-    def gemv(bn, bk, nw=1, ns=1):
-        return dict(PATH="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
-
-    def dot(bm, bn, bk, nw=1, ns=1):
-        return dict(PATH="dot", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
-
-    def deq(bn, bw, nw=1):
-        return dict(PATH="dequant", BLOCK_N=bn, BLOCK_W=bw, num_warps=nw)
-
-    def pair(bm, bn, bk, nw=1, ns=1, asm=True):
-        return dict(PATH="pair", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, ASM=asm)
-
     SWEEP = {
         1: [gemv(16, 32), gemv(32, 64), dot(16, 16, 32), pair(16, 16, 32)],
         4: [dot(16, 16, 32), gemv(16, 64), pair(16, 32, 32)],
@@ -56,19 +64,6 @@ else:
         160 << 20,
         (1, 4, 16, 64, 4096),
     )
-
-    def gemv(bn, bk, nw=4, ns=4):
-        return dict(PATH="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
-
-    def dot(bm, bn, bk, nw=4, ns=4):
-        return dict(PATH="dot", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
-
-    def deq(bn, bw, nw=4):
-        return dict(PATH="dequant", BLOCK_N=bn, BLOCK_W=bw, num_warps=nw)
-
-    def pair(bm, bn, bk, nw=4, ns=4, asm=True):
-        return dict(PATH="pair", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, ASM=asm)
-
     PAIRS = [
         pair(16, 32, 128),
         pair(16, 64, 128),
@@ -115,21 +110,6 @@ else:
         pair(16, 128, 128, 4, 3),
     ] + SWEEP[64]
     TPOT_LIKE, PROMPT, GEN = "qwen3-8b", 16, 64
-QWEN3_8B = dict(
-    model_type="qwen3",
-    architectures=["Qwen3ForCausalLM"],
-    vocab_size=151936,
-    hidden_size=4096,
-    intermediate_size=12288,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    tie_word_embeddings=False,
-)
 
 res = dict(
     name="w4",
@@ -186,11 +166,7 @@ def write():
     "The JSON as it stands."
     res["sweep"] = SWEEP_ROWS
     res["seconds"] = round(time.time() - T0, 1)
-    os.makedirs(OUT, exist_ok=True)
-    path = os.path.join(OUT, "w4.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1, default=str)
-    return path
+    return write_json(res, OUT, "w4.json")
 
 
 def _time_out():
@@ -211,37 +187,6 @@ WATCHDOG.start()
 
 def late(limit=LIMIT_S):
     return not DRY and time.time() - T0 > limit
-
-
-def graph_ms(fns, calls=20, replays=5):
-    "Milliseconds per call: `calls` calls cycling over `fns` in one CUDA graph, median of `replays` replays (CPU: wall clock)."
-    if DEV != "cuda":
-        t = time.perf_counter()
-        fns[0]()
-        return (time.perf_counter() - t) * 1e3
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns[:2]:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / calls)
-    del g
-    return sorted(ts)[len(ts) // 2]
 
 
 def make_layer(K, N, gen):
@@ -268,10 +213,6 @@ def w4_bytes(K, N, M):
 
 def bf_bytes(K, N, M):
     return 2 * K * N + 2 * M * (K + N)
-
-
-def rel(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30))
 
 
 def with_split(cfg, M, N, K):
@@ -357,7 +298,7 @@ def sweep(ms, deadline):
             base = dict(shape=name, N=N, K=K, M=M)
             for peer, fns in peers.items():
                 try:
-                    t = graph_ms(fns)
+                    t = graph_ms(fns, CUDA, cpu_warmup=False)
                     SWEEP_ROWS.append(dict(base, variant=peer, ms=t, gbps=bf_bytes(K, N, M) / t / 1e6))
                 except Exception as e:
                     SWEEP_ROWS.append(dict(base, variant=peer, error=f"{type(e).__name__}: {str(e)[:200]}"))
@@ -380,7 +321,8 @@ def sweep(ms, deadline):
                     )
                     try:
                         r["rel_err"] = rel(W.w4a16_linear(x, qw, s, z, grp, config=cc), want)
-                        r["ms"] = graph_ms([lambda t=t: W.w4a16_linear(x, *t, config=cc) for t in L["w4"]])
+                        w4_fns = [lambda t=t: W.w4a16_linear(x, *t, config=cc) for t in L["w4"]]
+                        r["ms"] = graph_ms(w4_fns, CUDA, cpu_warmup=False)
                         r["gbps"] = w4_bytes(K, N, M) / r["ms"] / 1e6
                         ok = r["rel_err"] < 1e-2
                         k = (name, M)
@@ -487,7 +429,6 @@ def tpot(quant):
     from litellama.testing.checkpoints import SHAPES as CK
     from litellama.testing.tokenizer import make_tokenizer
     from litellama.engine.llm_engine import ContinuousBatchingEngine
-    from litellama.sampling_params import SamplingParams
 
     cfg = AutoConfig.for_model(**(CK[TPOT_LIKE] if DRY else QWEN3_8B))
     t = time.time()
@@ -507,17 +448,7 @@ def tpot(quant):
         enable_prefix_caching=False,
     )
     setup_s = time.time() - t
-    runs = []
-    for seed in range(3):
-        prompt = torch.randint(
-            0, min(10000, cfg.vocab_size), (PROMPT,), generator=torch.Generator().manual_seed(seed)
-        ).tolist()
-        eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=GEN, ignore_eos=True))
-        times = []
-        while eng.has_unfinished_requests():
-            outs = eng.step()
-            times += [time.perf_counter()] * sum(len(o.token_ids) for o in outs)
-        runs.append((times[-1] - times[0]) / max(1, len(times) - 1) * 1e3)
+    runs, _ = batch1_tpot(eng, cfg.vocab_size, PROMPT, GEN)
     params_bytes = sum(b.numel() * b.element_size() for b in list(model.parameters()) + list(model.buffers()))
     del eng, model
     gc.collect()
