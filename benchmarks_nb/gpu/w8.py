@@ -14,6 +14,7 @@ Every kernel variant launched here compiles for sm_90 on a CPU first: benchmarks
 
     PYTHONPATH=. python3 benchmarks_nb/gpu/w8.py $OUT            # on the GPU: writes $OUT/w8.json
     PYTHONPATH=. python3 benchmarks_nb/gpu/w8.py /tmp --dry-run  # on a CPU: tiny shapes, Triton interpreter
+    W8_ONLY=engine W8_SCHEMES="bf16,int8 W8A16" ...               # only the parts (name prefixes) and schemes named
 """
 
 import statistics, gc, json, math, os, sys, time
@@ -27,33 +28,40 @@ if DRY:
 sys.path.insert(0, str(Path(__file__).parent))
 import torch
 import torch.nn.functional as F
-from common import Budget, environment, eager_ms, graph_ms, copies_for, rel, sync
+from common import (
+    FP8,
+    QWEN3_8B,
+    Budget,
+    copies_for,
+    eager_ms,
+    environment,
+    graph_ms,
+    quant_block,
+    quant_rows,
+    rel,
+    sync,
+)
 from litellama.kernels import quant_gemm as qg
 from litellama.kernels.linear import skinny_linear
 
 CUDA = torch.cuda.is_available() and not DRY
-DEV, DT, FP8 = ("cuda" if CUDA else "cpu"), (torch.bfloat16 if CUDA else torch.float32), torch.float8_e4m3fn
+DEV, DT = ("cuda" if CUDA else "cpu"), (torch.bfloat16 if CUDA else torch.float32)
 RES = environment(DRY)
 RES["timing"] = "graph_ms: 20 calls in one CUDA graph, weights rotated over copies of >= 256 MB, median of 5 replays"
 B = Budget(float(os.environ.get("W8_BUDGET_S", 900 if DRY else 135)), RES)
+ONLY = [p for p in os.environ.get("W8_ONLY", "").split(",") if p]
+
+
+def part(name, need):
+    "`B.part`, unless `W8_ONLY` names other parts: then the part is listed as skipped."
+    if ONLY and not any(name.startswith(p) for p in ONLY):
+        return lambda fn: RES["skipped"].append(f"{name} (W8_ONLY)")
+    return B.part(name, need)
+
+
 BK = 32 if DRY else 128
 SHAPES = None  # set with the candidates below
 MS = (1, 2, 16) if DRY else (1, 4, 16)
-
-
-def quant_rows(w, dtype):
-    s = w.float().abs().amax(1).clamp_min(1e-10) / qg.QMAX[dtype]
-    q = w.float() / s[:, None]
-    return (q.round().clamp(-127, 127).to(torch.int8) if dtype == torch.int8 else q.clamp(-448, 448).to(dtype)), s
-
-
-def quant_block(w, bk):
-    "fp8 weight with one scale per row and `bk` columns (what the block method keeps after load)."
-    N, K = w.shape
-    kb = -(-K // bk)
-    pad = F.pad(w.float(), (0, kb * bk - K)).view(N, kb, bk)
-    s = pad.abs().amax(-1).clamp_min(1e-10) / 448
-    return (pad / s[..., None]).view(N, kb * bk)[:, :K].to(FP8), s.contiguous()
 
 
 def weights(kind, w):
@@ -65,7 +73,7 @@ def weights(kind, w):
 
 
 # ---------------------------------------------------------------- (1) correctness on the GPU
-@B.part("correctness", need=5)
+@part("correctness", need=5)
 def _():
     rows = []
     P, D = dict(PREFETCH=True), dict(DEQUANT=True)
@@ -109,6 +117,29 @@ def _():
                 ok=bool(torch.equal(y, exact)),
             )
         )
+    from litellama.kernels.activation import silu_and_mul
+
+    for M, N, K in ((1, 2 * 1536, 4096), (4, 2 * 1000, 600), (16, 2 * 768, 4096)) if not DRY else ((1, 48, 100),):
+        w = torch.randn(N, K, device=DEV, generator=g) / math.sqrt(K)
+        x = torch.randn(M, K, device=DEV, generator=g).to(DT)
+        for kind in ("int8", "fp8", "fp8b"):
+            q, s, blk = weights(kind, w)
+            for cfg in (None, dict(SPLIT_K=1)):
+                y = qg.w8a16_gemm(x, q, s, None, blk, cfg, gated=True)
+                plain = silu_and_mul(qg.w8a16_gemm(x, q, s, None, blk, cfg))
+                d = (y.float() - plain.float()).abs()
+                rows.append(
+                    dict(
+                        kind=f"{kind} gated",
+                        M=M,
+                        N=N,
+                        K=K,
+                        config=cfg,
+                        mismatches=int((d > 0).sum()),
+                        max_diff=float(d.max()),
+                        ok=bool(rel(y, plain) < 1e-2),
+                    )
+                )
     RES["correctness"] = rows
     print(f"correctness: {sum(r['ok'] for r in rows)}/{len(rows)} ok", flush=True)
     for r in rows:
@@ -288,11 +319,11 @@ SWEEP_NEED = 1 if DRY else 60  # seconds the M = 1 sweeps leave for the prefill 
 def sweeps(ms):
     for M in ms:
         for kind in ("int8", "fp8", "fp8b"):
-            B.part(f"sweep M={M} {kind}", need=SWEEP_NEED)(lambda M=M, kind=kind: sweep(M, kind, need=SWEEP_NEED))
+            part(f"sweep M={M} {kind}", need=SWEEP_NEED)(lambda M=M, kind=kind: sweep(M, kind, need=SWEEP_NEED))
 
 
 sweeps((1,))  # batch-1 decode first: the engines' TPOT uses it; M = 16 and 4 after the engines
-B.part("install table", need=0)(
+part("install table", need=0)(
     lambda: qg.set_w8a16_tuned({**qg.W8A16_TUNED, **SUGGEST})
 )  # the engines use what was measured
 
@@ -301,7 +332,7 @@ PRE_MS = (32, 64) if DRY else (256, 1024, 4096)
 PRE_SHAPES = {k: SHAPES[k] for k in (("qkv", "down") if DRY else ("qkv", "gate_up", "down"))}
 
 
-@B.part("prefill paths", need=1 if DRY else 45)
+@part("prefill paths", need=1 if DRY else 45)
 def _():
     rows, tot = [], {}
     for M in PRE_MS:
@@ -388,22 +419,39 @@ try:
 except Exception as e:
     RES["errors"]["decode_stack"] = str(e)
 
+
+@part("w8a8 fast accum", need=1 if DRY else 10)
+def _():
+    "fp8 x fp8 at prefill sizes through torch._scaled_mm, with and without fast accumulation, against bf16 F.linear."
+    if not CUDA:
+        return
+    rows = []
+    for M in (4096,):
+        for pname, (N, K) in {k: SHAPES_GPU[k] for k in ("qkv", "o", "gate_up", "down")}.items():
+            g = torch.Generator(device=DEV).manual_seed(M + N + K)
+            w = torch.randn(N, K, device=DEV, generator=g) / math.sqrt(K)
+            x = torch.randn(M, K, device=DEV, generator=g).to(DT)
+            q, s = quant_rows(w, FP8)
+            xq, sx = qg.per_token_quant(x, FP8)
+            ref = (xq.float() * sx.reshape(-1, 1)) @ (q.float() * s[:, None]).T
+            wb = w.to(DT)
+            r = dict(M=M, proj=pname, N=N, K=K, bf16_ms=eager_ms(lambda: F.linear(x, wb), CUDA))
+            r["quant_ms"] = eager_ms(lambda: qg.per_token_quant(x, FP8), CUDA)
+            for fast in (False, True):
+                qg.FP8_FAST_ACCUM = fast
+                fn = lambda: qg.scaled_mm(xq, sx, q, s, None, DT)
+                r[f"fast={fast} ms"], r[f"fast={fast} rel_err"] = eager_ms(fn, CUDA), rel(fn(), ref)
+            qg.FP8_FAST_ACCUM = False
+            rows.append(r)
+            print(
+                f"  fast accum {pname:<8}" + "  ".join(f"{k} {v:.4g}" for k, v in r.items() if isinstance(v, float)),
+                flush=True,
+            )
+            del w, x, q, xq, ref, wb
+    RES["w8a8_fast_accum"] = rows
+
+
 # ---------------------------------------------------------------- (3) the engine, per scheme
-QWEN3_8B = dict(
-    model_type="qwen3",
-    architectures=["Qwen3ForCausalLM"],
-    vocab_size=151936,
-    hidden_size=4096,
-    intermediate_size=12288,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    tie_word_embeddings=False,
-)
 
 
 def scheme_quant(name):
@@ -486,11 +534,35 @@ def decode_profile(eng, steps=8):
     )
 
 
+def prefill_profile(eng, n):
+    "Where one prefill of `n` tokens spends its GPU time: the top kernels, microseconds."
+    from torch.profiler import profile, ProfilerActivity
+    from litellama.sampling_params import SamplingParams
+
+    eng.add_request(list(range(1, n + 1)), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])) as prof:
+        while eng.has_unfinished_requests():
+            eng.step()
+        sync()
+    ev = prof.key_averages()
+    key = next(
+        (k for k in ("self_device_time_total", "self_cuda_time_total") if CUDA and hasattr(ev[0], k)),
+        "self_cpu_time_total",
+    )
+    return dict(
+        metric=key,
+        top=[
+            dict(name=e.key[:80], us=getattr(e, key), calls=e.count)
+            for e in sorted(ev, key=lambda e: -getattr(e, key))[:12]
+        ],
+    )
+
+
 PROMPT, GEN, PREFILL = (8, 6, 64) if DRY else (128, 64, 4096)
 ENG = {}
 
 
-def engine_part(scheme):
+def engine_part(scheme, key=None):
     from transformers import AutoConfig
     from litellama.engine.llm_engine import ContinuousBatchingEngine
     from litellama.sampling_params import SamplingParams
@@ -551,26 +623,60 @@ def engine_part(scheme):
         pre.append(time.perf_counter() - t)
     r["prefill_s_runs"] = pre
     r["prefill_tok_s"] = PREFILL / sorted(pre[1:])[len(pre[1:]) // 2]
-    try:
-        r["decode_profile"] = decode_profile(eng)
-    except Exception as e:
-        r["decode_profile"] = f"{type(e).__name__}: {str(e)[:200]}"
+    for name, fn in (
+        ("decode_profile", lambda: decode_profile(eng)),
+        ("prefill_profile", lambda: prefill_profile(eng, PREFILL)),
+    ):
+        try:
+            r[name] = fn()
+        except Exception as e:
+            r[name] = f"{type(e).__name__}: {str(e)[:200]}"
     r["graphs"] = sorted(eng.runner.graphs) if hasattr(eng.runner, "graphs") else None
     del eng, model
     gc.collect()
     if CUDA:
         torch.cuda.empty_cache()
-    ENG[scheme] = r
+    ENG[key or scheme] = r
     print(
-        f"  engine {scheme:<12} TPOT {r['tpot_ms']:.3f} ms  prefill {r['prefill_tok_s']:.0f} tok/s  weights {r['weight_bytes'] / 1e9:.2f} GB  "
+        f"  engine {key or scheme:<12} TPOT {r['tpot_ms']:.3f} ms  prefill {r['prefill_tok_s']:.0f} tok/s  weights {r['weight_bytes'] / 1e9:.2f} GB  "
         f"KV {r['kv_capacity_tokens']} tokens",
         flush=True,
     )
 
 
+VARIANTS = {  # suffixes of a scheme's name that switch one change off for that row (an A/B inside one process)
+    " -gated": "silu(gate) * up after the GEMM, not inside it",
+    " -fast": "fp8 W8A8 without fast accumulation",
+}
+
+
+def engine_scheme(name):
+    "One engine row; each suffix of `VARIANTS` undoes its change for this row only (a parent tree has none of them)."
+    from litellama.layers import base, quant8
+
+    scheme, fused = name, {c: getattr(c, "apply_silu_mul", None) for c in (quant8.RuntimeW8, quant8.CheckpointW8)}
+    for v in VARIANTS:
+        scheme = scheme.replace(v, "")
+    if " -gated" in name:
+        for c in fused:
+            c.apply_silu_mul = base.LinearMethod.apply_silu_mul
+    fast = getattr(qg, "FP8_FAST_ACCUM", None)
+    if " -fast" in name:
+        qg.FP8_FAST_ACCUM = False
+    try:
+        engine_part(scheme, name)
+    finally:
+        for c, f in fused.items():
+            if f is not None:
+                c.apply_silu_mul = f
+        if fast is not None:
+            qg.FP8_FAST_ACCUM = fast
+
+
 RES["engine"] = ENG
-for scheme in ("bf16", "int8 W8A16", "fp8 W8A16", "fp8 W8A8"):
-    B.part(f"engine {scheme}", need=12 if not DRY else 1)(lambda scheme=scheme: engine_part(scheme))
+SCHEMES = os.environ.get("W8_SCHEMES", "bf16,int8 W8A16,fp8 W8A16,fp8 W8A8").split(",")
+for scheme in SCHEMES:
+    part(f"engine {scheme}", need=12 if not DRY else 1)(lambda scheme=scheme: engine_scheme(scheme))
 if "bf16" in ENG:
     b = ENG["bf16"]
     RES["engine_vs_bf16"] = {

@@ -15,6 +15,7 @@ __all__ = [
     "W8A8_CONFIGS",
     "W8A8_TUNED",
     "FP8_BACKEND",
+    "FP8_FAST_ACCUM",
     "e4m3_to_float",
     "float_to_e4m3",
     "per_token_quant_ref",
@@ -36,7 +37,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .activation import silu_and_mul
 from .linear import _split_sum_kernel
+from .reference import silu_and_mul as silu_and_mul_ref
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #9d0a13a5
@@ -205,12 +208,14 @@ def dequantize_weight(qweight: torch.Tensor, scale: torch.Tensor, block_size=Non
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #c1762d08
-def w8a16_gemm_ref(x, qweight, scale, bias=None, block_size=None):
-    "`x @ dequantize_weight(qweight, scale, block_size).T (+ bias)` in float32, returned in `x.dtype`."
+def w8a16_gemm_ref(x, qweight, scale, bias=None, block_size=None, gated=False):
+    """`x @ dequantize_weight(qweight, scale, block_size).T (+ bias)` in float32, returned in `x.dtype`; with `gated`,
+    `silu(gate) * up` of it (the weight's rows are `[gate | up]`)."""
     y = x.float() @ dequantize_weight(qweight, scale, block_size).T
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype)
+    y = y.to(x.dtype)
+    return silu_and_mul_ref(y) if gated else y
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #214cf366
@@ -226,6 +231,45 @@ def _store_tile(
         if HAS_BIAS:
             res += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], res.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #dab1f6d8
+@triton.jit
+def _rows(pid_n, N, BLOCK_N: tl.constexpr, GATED: tl.constexpr):
+    "Program `pid_n`'s weight rows and their mask: `BLOCK_N` in a run, or with `GATED` as many gate rows then up rows."
+    j = tl.arange(0, BLOCK_N)
+    if GATED:
+        h = pid_n * (BLOCK_N // 2) + j % (BLOCK_N // 2)
+        rn, n_mask = h + (j >= BLOCK_N // 2).to(tl.int32) * (N // 2), h < N // 2
+    else:
+        rn = pid_n * BLOCK_N + j
+        n_mask = rn < N
+    return rn, n_mask
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #7617b9e0
+@triton.jit
+def _store_gated(out_ptr, b_ptr, res, rm, rn, m_mask, n_mask, pid_n, H, HAS_BIAS: tl.constexpr):
+    "`silu(gate) * up` of the tile `res` (gate columns, then the same up columns) into `out [M, H]`."
+    if HAS_BIAS:
+        res += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y = res.to(out_ptr.dtype.element_ty)  # the product as the plain path stores it
+    g, up = tl.split(tl.permute(tl.reshape(y, [res.shape[0], 2, res.shape[1] // 2]), (0, 2, 1)))
+    g = g.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(up.dtype)  # silu rounded to the dtype, as silu_and_mul rounds it
+    rh = pid_n * (res.shape[1] // 2) + tl.arange(0, res.shape[1] // 2)
+    out = (act.to(tl.float32) * up.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * H + rh[None, :], out, mask=m_mask[:, None] & (rh < H)[None, :])
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #1a663c98
+@triton.jit
+def _store_out(out_ptr, b_ptr, res, rm, rn, m_mask, n_mask, pid_n, pid_k, M, N, HAS_BIAS, PARTIAL, GATED: tl.constexpr):
+    "The skinny kernel's store: the gated product (only ever of a whole `K`: the launcher sees to it), else the tile."
+    if GATED:
+        _store_gated(out_ptr, b_ptr, res, rm, rn, m_mask, n_mask, pid_n, N // 2, HAS_BIAS)
+    else:
+        _store_tile(out_ptr, b_ptr, res, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #c2d50e37
@@ -461,6 +505,7 @@ def _w8a16_skinny_kernel(
     HAS_BIAS: tl.constexpr,
     PARTIAL: tl.constexpr,
     MAGIC: tl.constexpr,
+    GATED: tl.constexpr,
     EVEN_K: tl.constexpr,
     PREFETCH: tl.constexpr,
     M_PAD: tl.constexpr,
@@ -469,9 +514,9 @@ def _w8a16_skinny_kernel(
 ):
     "Program `(n, s)`: rows `n-tile` of the weight, streamed once along K slice `s`, times all `M <= M_PAD` tokens."
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn, n_mask = _rows(pid_n, N, BLOCK_N, GATED)
     rm, rk = tl.arange(0, M_PAD), tl.arange(0, BLOCK_K)
-    n_mask, m_mask = rn < N, rm < M
+    m_mask = rm < M
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     rn_in = tl.minimum(rn, N - 1)  # rows past N re-read the last one
@@ -494,7 +539,7 @@ def _w8a16_skinny_kernel(
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     res = _finish(acc, s_ptr, rn, n_mask, USE_DOT, BLOCKWISE)
-    _store_tile(out_ptr, b_ptr, res, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
+    _store_out(out_ptr, b_ptr, res, rm, rn, m_mask, n_mask, pid_n, pid_k, M, N, HAS_BIAS, PARTIAL, GATED)
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #03065739
@@ -766,12 +811,15 @@ def _f32_scale(scale: torch.Tensor, blk, N: int) -> torch.Tensor:
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #4740447d
-def _launch_w8a16(x, w, scale, bias, out, blk, plan) -> None:
-    "`out = x @ dequant(w).T (+ bias)` by `plan`'s kernel, then, with split `K`, the sum of the slices."
+def _launch_w8a16(x, w, scale, bias, out, blk, plan, gated=False) -> None:
+    """`out = x @ dequant(w).T (+ bias)` by `plan`'s kernel, then, with split `K`, the sum of the slices; with `gated`,
+    `out = silu(gate) * up` of that product: inside the skinny kernel when it sees all of `K`, else after it."""
     kernel, bm, meta, kps, splits = plan
-    (M, K), N = x.shape, out.shape[1]
-    part = out if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
-    n_tiles = triton.cdiv(N, meta["BLOCK_N"])
+    (M, K), N = x.shape, w.shape[0]
+    fuse = gated and bm is None and splits == 1 and meta["BLOCK_N"] >= 2
+    full = out if fuse or not gated else torch.empty(M, N, dtype=out.dtype, device=x.device)
+    part = full if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
+    n_tiles = triton.cdiv(N // 2, meta["BLOCK_N"] // 2) if fuse else triton.cdiv(N, meta["BLOCK_N"])
     grid = (n_tiles, splits) if bm is None else (triton.cdiv(M, bm), n_tiles, splits)
     b = bias if bias is not None else out
     kernel[grid](
@@ -790,11 +838,14 @@ def _launch_w8a16(x, w, scale, bias, out, blk, plan) -> None:
         HAS_BIAS=bias is not None,
         PARTIAL=splits > 1,
         **meta,
+        **(dict(GATED=fuse) if bm is None else {}),
     )
     if splits > 1:
         _split_sum_kernel[(triton.cdiv(M * N, 1024),)](
-            part, b, out, M * N, N, splits, HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4
+            part, b, full, M * N, N, splits, HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4
         )
+    if gated and not fuse:
+        out.copy_(silu_and_mul(full))
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #e45c52c0
@@ -805,13 +856,17 @@ def w8a16_gemm(
     bias: torch.Tensor | None = None,
     block_size=None,
     config: dict | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
     """`x [M, K] @ (qweight [N, K] · scale).T (+ bias)` in `x.dtype`;
-    `qweight` int8 or float8_e4m3fn, `scale` per channel or per block."""
+    `qweight` int8 or float8_e4m3fn, `scale` per channel or per block; with `gated` (the rows are `[gate | up]`),
+    `silu(gate) * up` of it, `[M, N / 2]`."""
     blk = _check_w8a16(x, qweight, scale, block_size)
     M, K = x.shape
     N = qweight.shape[0]
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if gated and N % 2:
+        raise ValueError(f"w8a16_gemm: gated needs the rows [gate | up], an even number; got {N}")
+    out = torch.empty(M, N // 2 if gated else N, dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out
     if x.stride(-1) != 1:
@@ -820,9 +875,10 @@ def w8a16_gemm(
         qweight = qweight.contiguous()
     scale = _f32_scale(scale, blk, N)
     if (config or {}).get("DEQUANT") or (config is None and M >= DEQUANT_M.get(x.device.type, 1 << 62)):
-        return F.linear(x, dequantize_8bit(qweight, scale, blk, x.dtype), bias)
+        y = F.linear(x, dequantize_8bit(qweight, scale, blk, x.dtype), bias)
+        return silu_and_mul(y) if gated else y
     plan = _w8a16_plan(M, N, K, blk, qweight.dtype == torch.float8_e4m3fn, x.dtype, x.device, config)
-    _launch_w8a16(x, _weight_arg(qweight), scale, bias, out, blk, plan)
+    _launch_w8a16(x, _weight_arg(qweight), scale, bias, out, blk, plan, gated)
     return out
 
 
@@ -1047,6 +1103,8 @@ W8A8_TUNED |= {
 # %% ../../kernels_nb/12_quant_gemm.ipynb #aa43a812
 # per-token x per-channel fp8 on sm_90+ with 16-bit output: "torch" (torch._scaled_mm, cuBLASLt) or "triton"
 FP8_BACKEND = "torch"
+# torch._scaled_mm's use_fast_accum: Hopper's fp8 MMA sums without promoting to float32 every few steps (faster)
+FP8_FAST_ACCUM = True
 
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #ab78bef8
@@ -1137,7 +1195,14 @@ def _w8a8(xq, x_scale, qweight, w_scale, bias, out_dtype, block_size, config):
         x_scale = x_scale.float().contiguous()
     w_scale = _f32_scale(w_scale, block_size, N)
     if config is None and _torch_scaled_mm_ok(xq, qweight, w_scale, out_dtype, block_size):
-        y = torch._scaled_mm(xq, qweight.t(), scale_a=x_scale, scale_b=w_scale.reshape(1, N), out_dtype=out_dtype)
+        y = torch._scaled_mm(
+            xq,
+            qweight.t(),
+            scale_a=x_scale,
+            scale_b=w_scale.reshape(1, N),
+            out_dtype=out_dtype,
+            use_fast_accum=FP8_FAST_ACCUM,
+        )
         return y if bias is None else y.add_(bias)
     out = torch.empty(M, N, dtype=out_dtype, device=xq.device)
     _launch_w8a8(xq, x_scale, qweight, w_scale, bias, out, block_size, config)

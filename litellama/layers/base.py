@@ -102,6 +102,13 @@ def apply(self: LinearMethod, layer, x: torch.Tensor, bias: torch.Tensor | None 
     raise NotImplementedError
 
 
+# %% ../../nbs/02_layers.ipynb #f6746c66
+@patch
+def apply_silu_mul(self: LinearMethod, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    "`silu(gate) * up` of a `[gate | up]` layer's product; a method whose GEMM can form it itself overrides this."
+    return ops.silu_and_mul(self.apply(layer, x, bias))
+
+
 # %% ../../nbs/02_layers.ipynb #7dbd09eb
 class Unquantized(LinearMethod):
     "The plain `[out, in]` weight in the model's dtype, multiplied by the registry's `linear` op."
@@ -149,7 +156,10 @@ class Linear(nn.Module):
 
 # %% ../../nbs/02_layers.ipynb #e7844c89
 @patch
-def forward(self: Linear, x):
+def forward(self: Linear, x, silu_mul: bool = False):
+    "`x @ W.T + b`; with `silu_mul` (rows `[gate | up]`), `silu(gate) * up` of it, one product where the method has it."
+    if silu_mul:
+        return self.method.apply_silu_mul(self, x, self.bias)
     return self.method.apply(self, x, self.bias)
 
 
@@ -412,4 +422,4 @@ class GatedMLP(nn.Module):
 # %% ../../nbs/02_layers.ipynb #abeacbe0
 @patch
 def forward(self: GatedMLP, x):  # noqa: F811 (patched onto the class)
-    return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+    return self.down_proj(self.gate_up_proj(x, silu_mul=True))  # through the module: its hooks see x

@@ -111,6 +111,15 @@ def apply(self: RuntimeW8, layer, x, bias=None):
     return y.reshape(*x.shape[:-1], -1)
 
 
+# %% ../../nbs/20_quant8.ipynb #760135a5
+@patch
+def apply_silu_mul(self: RuntimeW8, layer, x, bias=None):
+    x2 = _flat(x)
+    if self.w8a8 and _use_w8a8(x2, self.qdtype):
+        return ops.silu_and_mul(self.apply(layer, x, bias))
+    return ops.w8a16_gemm(x2, layer.weight, layer.weight_scale, bias, gated=True).reshape(*x.shape[:-1], -1)
+
+
 # %% ../../nbs/20_quant8.ipynb #c7da7bbf
 @patch
 def expected(self: RuntimeW8, layer, param_name):
@@ -255,6 +264,16 @@ def apply(self: CheckpointW8, layer, x, bias=None):  # noqa: F811 - patched onto
         xq, sx = ops.per_token_quant(x2, self.qdtype)
         y = ops.scaled_mm(xq, sx, layer.weight, scale, bias, x.dtype)
     return y.reshape(*x.shape[:-1], -1)
+
+
+# %% ../../nbs/20_quant8.ipynb #5a6e3994
+@patch
+def apply_silu_mul(self: CheckpointW8, layer, x, bias=None):  # noqa: F811 - patched onto the class
+    x2, scale = _flat(x), getattr(layer, self.scale_name)
+    if self.activations is not None and _use_w8a8(x2, self.qdtype):
+        return ops.silu_and_mul(self.apply(layer, x, bias))
+    blk = (1, self.block[1]) if self.block else None
+    return ops.w8a16_gemm(x2, layer.weight, scale, bias, blk, gated=True).reshape(*x.shape[:-1], -1)
 
 
 # %% ../../nbs/20_quant8.ipynb #eac5bb67
