@@ -16,6 +16,8 @@ import traceback
 import torch
 import triton
 
+from litellama.testing.checkpoints import REAL_SHAPES
+
 # ---------------------------------------------------------------- the run
 
 
@@ -209,19 +211,13 @@ def quant_block(w, bk: int = 128):
 
 # ---------------------------------------------------------------- Qwen3-8B's shape (random weights, real shapes)
 
+# Qwen3-0.6B's family settings (vocabulary, 8 KV heads of 128, RoPE, norm eps) at Qwen3-8B's widths and depth, untied
 QWEN3_8B = dict(
-    model_type="qwen3",
-    architectures=["Qwen3ForCausalLM"],
-    vocab_size=151936,
+    REAL_SHAPES["qwen3-0.6b"],
     hidden_size=4096,
     intermediate_size=12288,
     num_hidden_layers=36,
     num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
     tie_word_embeddings=False,
 )
 

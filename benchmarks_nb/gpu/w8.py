@@ -509,14 +509,10 @@ def weight_bytes(model):
     return n
 
 
-def decode_profile(eng, steps=8):
-    "Where a batch-1 decode step's GPU time goes: the top kernels over `steps` steps, microseconds per step."
-    from torch.profiler import profile, ProfilerActivity
-    from litellama.sampling_params import SamplingParams
+def top_kernels(eng, per: int = 1) -> dict:
+    "Run `eng` until its requests finish, under the profiler: the top kernels, microseconds (divided by `per`)."
+    from torch.profiler import ProfilerActivity, profile
 
-    eng.add_request(list(range(1, 17)), SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
-    eng.step()
-    sync()  # the prefill, outside the profile
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])) as prof:
         while eng.has_unfinished_requests():
             eng.step()
@@ -527,35 +523,25 @@ def decode_profile(eng, steps=8):
         "self_cpu_time_total",
     )
     top = sorted(ev, key=lambda e: -getattr(e, key))[:12]
-    return dict(
-        metric=key,
-        steps=steps,
-        top=[dict(name=e.key[:80], us_per_step=getattr(e, key) / steps, calls=e.count) for e in top],
-    )
+    return dict(metric=key, top=[dict(name=e.key[:80], us_per_step=getattr(e, key) / per, calls=e.count) for e in top])
+
+
+def decode_profile(eng, steps=8):
+    "Where a batch-1 decode step's GPU time goes: the top kernels over `steps` steps, microseconds per step."
+    from litellama.sampling_params import SamplingParams
+
+    eng.add_request(list(range(1, 17)), SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
+    eng.step()
+    sync()  # the prefill, outside the profile
+    return dict(top_kernels(eng, steps), steps=steps)
 
 
 def prefill_profile(eng, n):
-    "Where one prefill of `n` tokens spends its GPU time: the top kernels, microseconds."
-    from torch.profiler import profile, ProfilerActivity
+    "Where one prefill of `n` tokens spends its GPU time: the top kernels, microseconds (the step is one)."
     from litellama.sampling_params import SamplingParams
 
     eng.add_request(list(range(1, n + 1)), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])) as prof:
-        while eng.has_unfinished_requests():
-            eng.step()
-        sync()
-    ev = prof.key_averages()
-    key = next(
-        (k for k in ("self_device_time_total", "self_cuda_time_total") if CUDA and hasattr(ev[0], k)),
-        "self_cpu_time_total",
-    )
-    return dict(
-        metric=key,
-        top=[
-            dict(name=e.key[:80], us=getattr(e, key), calls=e.count)
-            for e in sorted(ev, key=lambda e: -getattr(e, key))[:12]
-        ],
-    )
+    return top_kernels(eng)
 
 
 PROMPT, GEN, PREFILL = (8, 6, 64) if DRY else (128, 64, 4096)
