@@ -113,6 +113,7 @@ def launch(x, q, s, blk, cfg, tag):
         HAS_BIAS=False,
         PARTIAL=splits > 1,
         **meta,
+        **(dict(GATED=False) if bm is None else {}),
     )
 
 
