@@ -61,7 +61,7 @@ def _module_of(cell):
     k = next((k for k in _CODE_EXPORTS if k in d), None)
     if cell.cell_type != "code" or k is None or not cell.source.strip():
         return None
-    args = d[k].split() if isinstance(d[k], str) else list(d[k] or [])
+    args = d[k].split()  # the directive's arguments: the target module, if any
     return args[0] if args else "#"
 
 

@@ -101,23 +101,22 @@ def load(self: RuntimeW8, layer, param_name, tensor, shard=None):
 
 # %% ../../nbs/20_quant8.ipynb #427fa873
 @patch
-def apply(self: RuntimeW8, layer, x, bias=None):
+def apply(self: RuntimeW8, layer, x, bias=None, gated=False):
+    "With `gated` (rows `[gate | up]`), `silu(gate) * up` of the product: formed inside the W8A16 GEMM, after W8A8's."
     x2 = _flat(x)
     if self.w8a8 and _use_w8a8(x2, self.qdtype):
         xq, sx = ops.per_token_quant(x2, self.qdtype)
         y = ops.scaled_mm(xq, sx, layer.weight, layer.weight_scale, bias, x.dtype)
+        y = ops.silu_and_mul(y) if gated else y
     else:
-        y = ops.w8a16_gemm(x2, layer.weight, layer.weight_scale, bias)
+        y = ops.w8a16_gemm(x2, layer.weight, layer.weight_scale, bias, gated=gated)
     return y.reshape(*x.shape[:-1], -1)
 
 
 # %% ../../nbs/20_quant8.ipynb #760135a5
 @patch
 def apply_silu_mul(self: RuntimeW8, layer, x, bias=None):
-    x2 = _flat(x)
-    if self.w8a8 and _use_w8a8(x2, self.qdtype):
-        return ops.silu_and_mul(self.apply(layer, x, bias))
-    return ops.w8a16_gemm(x2, layer.weight, layer.weight_scale, bias, gated=True).reshape(*x.shape[:-1], -1)
+    return self.apply(layer, x, bias, gated=True)
 
 
 # %% ../../nbs/20_quant8.ipynb #c7da7bbf
@@ -246,12 +245,12 @@ def process_after_loading(self: CheckpointW8, layer):
 
 # %% ../../nbs/20_quant8.ipynb #5a2a5e59
 @patch
-def apply(self: CheckpointW8, layer, x, bias=None):  # noqa: F811 - patched onto the class
+def apply(self: CheckpointW8, layer, x, bias=None, gated=False):  # noqa: F811 - patched onto the class
     x2, scale = _flat(x), getattr(layer, self.scale_name)
     blk = (1, self.block[1]) if self.block else None
-    if self.activations is None or not _use_w8a8(x2, self.qdtype):
-        y = ops.w8a16_gemm(x2, layer.weight, scale, bias, blk)
-    elif self.activations == "static":
+    if self.activations is None or not _use_w8a8(x2, self.qdtype):  # gated inside the GEMM
+        return ops.w8a16_gemm(x2, layer.weight, scale, bias, blk, gated=gated).reshape(*x.shape[:-1], -1)
+    if self.activations == "static":
         s = layer.input_scale[:1]
         qmax = QMAX[self.qdtype]
         v = (x2.float() / s).clamp(-qmax, qmax)
@@ -263,17 +262,14 @@ def apply(self: CheckpointW8, layer, x, bias=None):  # noqa: F811 - patched onto
     else:
         xq, sx = ops.per_token_quant(x2, self.qdtype)
         y = ops.scaled_mm(xq, sx, layer.weight, scale, bias, x.dtype)
+    y = ops.silu_and_mul(y) if gated else y
     return y.reshape(*x.shape[:-1], -1)
 
 
 # %% ../../nbs/20_quant8.ipynb #5a6e3994
 @patch
 def apply_silu_mul(self: CheckpointW8, layer, x, bias=None):  # noqa: F811 - patched onto the class
-    x2, scale = _flat(x), getattr(layer, self.scale_name)
-    if self.activations is not None and _use_w8a8(x2, self.qdtype):
-        return ops.silu_and_mul(self.apply(layer, x, bias))
-    blk = (1, self.block[1]) if self.block else None
-    return ops.w8a16_gemm(x2, layer.weight, scale, bias, blk, gated=True).reshape(*x.shape[:-1], -1)
+    return self.apply(layer, x, bias, gated=True)
 
 
 # %% ../../nbs/20_quant8.ipynb #eac5bb67
