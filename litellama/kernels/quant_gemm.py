@@ -542,10 +542,51 @@ def _w8a16_skinny_kernel(
     _store_out(out_ptr, b_ptr, res, rm, rn, m_mask, n_mask, pid_n, pid_k, M, N, HAS_BIAS, PARTIAL, GATED)
 
 
+# %% ../../kernels_nb/12_quant_gemm.ipynb #23a66ac4
+@triton.jit
+def _vec_cols(BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+    "`0 .. BLOCK_K - 1`, with the compiler told only that runs of `VEC` are contiguous (so loads are `VEC` wide)."
+    rk = tl.arange(0, BLOCK_K)
+    return (rk // VEC) * VEC + rk % VEC
+
+
+# %% ../../kernels_nb/12_quant_gemm.ipynb #a20b86f2
+@triton.jit(do_not_specialize=["M"])
+def _w8a16_gemv_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, s_xm, s_sn, scale_bn, k_per_split,
+    FP8: tl.constexpr, NATIVE: tl.constexpr, MAGIC: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+    GATED: tl.constexpr, EVEN_K: tl.constexpr, VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    "Program `(n, s)` for one token: rows `n-tile` of the weight along K slice `s`, read `VEC` codes at a time."
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn, n_mask = _rows(pid_n, N, BLOCK_N, GATED)
+    rk = _vec_cols(BLOCK_K, VEC)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    w_ptrs = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]
+    x_ptrs = x_ptr + (k_lo + rk)[None, :] + 0 * rn[:, None]  # in the weight tile's shape, and so its layout
+    acc = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            wb = tl.load(w_ptrs, eviction_policy="evict_first")
+            x = tl.load(x_ptrs)
+        else:
+            k_mask = ((k0 + rk) < k_hi)[None, :]
+            wb = tl.load(w_ptrs, mask=k_mask, other=0, eviction_policy="evict_first")
+            x = tl.load(x_ptrs, mask=k_mask, other=0.0)
+        w = _widen_step(wb, x, FP8, NATIVE, False, False, MAGIC)
+        acc += tl.sum(tl.reshape(w * x.to(tl.float32), [BLOCK_N, BLOCK_K // VEC, VEC]), axis=2)  # within a thread
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    res = (tl.sum(acc, axis=1) * tl.load(s_ptr + rn, mask=n_mask, other=0.0))[None, :]
+    rm = tl.arange(0, 1)
+    _store_out(out_ptr, b_ptr, res, rm, rn, rm < M, n_mask, pid_n, pid_k, M, N, HAS_BIAS, PARTIAL, GATED)
+
+
 # %% ../../kernels_nb/12_quant_gemm.ipynb #03065739
 # launch parameters on a GPU, per path; "gemv": M = 1, "skinny4": M <= 4, "skinny": M <= 16, "tiled": larger M
 W8A16_CONFIGS = {
-    "gemv": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
+    "gemv": dict(BLOCK_N=2, BLOCK_K=2048, num_warps=2, num_stages=1),
     "gemv_block": dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
     "skinny4": dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3),
     "skinny4_block": dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3),
@@ -557,22 +598,7 @@ W8A16_CONFIGS = {
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #d40c24d9
 # (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path]
-W8A16_TUNED = {
-    ("gemv", "fp8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3, SPLIT_K=1),
-    ("gemv", "fp8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
-    ("gemv", "fp8", 6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
-    ("gemv", "fp8", 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
-    ("gemv", "fp8", 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
-}
-
-# %% ../../kernels_nb/12_quant_gemm.ipynb #f113770c
-W8A16_TUNED |= {
-    ("gemv", "int8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
-    ("gemv", "int8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
-    ("gemv", "int8", 6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
-    ("gemv", "int8", 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
-    ("gemv", "int8", 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
-}
+W8A16_TUNED = {("gemv", "int8", 151936, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=2, num_stages=1)}
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #8e525aa5
 W8A16_TUNED |= {
@@ -684,6 +710,8 @@ def _w8a16_rule(M, N, K, bk, device, fp8: bool = False) -> dict:
     if cuda:
         cfg.update(W8A16_TUNED.get((path, "fp8" if fp8 else "int8", N, K), {}))
     cfg["path"] = path
+    if path == "gemv":  # no longer a step than K needs
+        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], max(16, triton.next_power_of_2(K)))
     if bk is not None and path.startswith("tiled"):
         cfg["BLOCK_K"] = bk  # the tiled kernel's step is one block
     if "SPLIT_K" not in cfg:
@@ -729,7 +757,8 @@ def _plan_config(M, N, K, blk, fp8, device, config) -> dict:
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #85a53842
 def _kernel_meta(M, K, kps, blk, fp8, dtype, device, cfg) -> tuple:
-    """`(kernel, BLOCK_M or None, constexpr parameters and launch options)`: the skinny kernel up to 16 tokens,
+    """`(kernel, BLOCK_M or None, constexpr parameters and launch options)`: the one-token kernel for `M = 1` with
+    per-channel scales (unless the config asks for `GEMV=False` or `PREFETCH`), the skinny kernel up to 16 tokens,
     else the tiled one."""
     meta = dict(
         FP8=fp8,
@@ -741,6 +770,10 @@ def _kernel_meta(M, K, kps, blk, fp8, dtype, device, cfg) -> tuple:
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if M == 1 and blk is None and cfg.get("GEMV", True) and not cfg.get("PREFETCH") and not cfg.get("DEQUANT"):
+        meta = {k: v for k, v in meta.items() if k not in ("BLOCKWISE", "IEEE")}
+        meta.update(MAGIC=cfg.get("MAGIC", True), EVEN_K=K % kps == 0, VEC=cfg.get("VEC", 8))
+        return _w8a16_gemv_kernel, None, meta
     if M <= 16 and not cfg.get("DEQUANT"):
         use_dot = M > 1  # the elementwise path takes one token
         meta.update(
