@@ -633,7 +633,26 @@ def engine_part(scheme, key=None):
 VARIANTS = {  # suffixes of a scheme's name that switch one change off for that row (an A/B inside one process)
     " -gated": "silu(gate) * up after the GEMM, not inside it",
     " -fast": "fp8 W8A8 without fast accumulation",
+    " -gemv": "one token through the skinny kernel and its former tiles, not _w8a16_gemv_kernel",
 }
+SKINNY_GEMV = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, GEMV=False)  # the former "gemv" entry
+SKINNY_GEMV_TUNED = {  # the former "gemv" entries of W8A16_TUNED, (kind, N, K) -> tiles
+    ("fp8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1),
+    ("fp8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024),
+    ("fp8", 6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=1),
+    ("fp8", 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=1),
+    ("int8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024),
+    ("int8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024),
+    ("int8", 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=1),
+}
+
+
+def skinny_gemv_table():
+    "W8A16_TUNED with the one-token entries of the skinny kernel in place of the current ones."
+    table = {k: v for k, v in qg.W8A16_TUNED.items() if k[0] != "gemv"}
+    for (kind, N, K), t in SKINNY_GEMV_TUNED.items():
+        table[("gemv", kind, N, K)] = dict(SKINNY_GEMV, **t)
+    return table
 
 
 def engine_scheme(name):
@@ -649,6 +668,10 @@ def engine_scheme(name):
     fast = getattr(qg, "FP8_FAST_ACCUM", None)
     if " -fast" in name:
         qg.FP8_FAST_ACCUM = False
+    table, gemv = dict(qg.W8A16_TUNED), dict(qg.W8A16_CONFIGS["gemv"])
+    if " -gemv" in name:
+        qg.W8A16_CONFIGS["gemv"] = dict(SKINNY_GEMV)
+        qg.set_w8a16_tuned(skinny_gemv_table())
     try:
         engine_part(scheme, name)
     finally:
@@ -657,9 +680,78 @@ def engine_scheme(name):
                 c.apply_silu_mul = f
         if fast is not None:
             qg.FP8_FAST_ACCUM = fast
+        if " -gemv" in name:
+            qg.W8A16_CONFIGS["gemv"] = gemv
+            qg.set_w8a16_tuned(table)
 
 
 RES["engine"] = ENG
+
+
+def engine_calls(scheme):
+    "The W8A16 calls of one batch-1 decode step as the engine makes them (its warm-up, outside graph capture)."
+    from transformers import AutoConfig
+    from litellama.engine.llm_engine import ContinuousBatchingEngine
+    from litellama.layers import quant8
+    from litellama.testing.tokenizer import make_tokenizer
+    from litellama.testing.checkpoints import SHAPES as CK
+
+    cfg = AutoConfig.for_model(**(CK["tiny-qwen3"] if DRY else QWEN3_8B))
+    model, calls, orig = build(cfg, scheme_quant(scheme)), [], quant8.RuntimeW8.apply
+
+    def rec(self, layer, x, bias=None, gated=False):
+        capturing = CUDA and torch.cuda.is_current_stream_capturing()
+        if not capturing and x.reshape(-1, x.shape[-1]).shape[0] == 1:
+            calls.append((layer, x, bias, gated))
+        return orig(self, layer, x, bias, gated)
+
+    quant8.RuntimeW8.apply = rec
+    try:
+        kw = dict(num_kv_blocks=64) if DRY else {}
+        eng = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=1,
+                                       max_model_len=256, max_num_batched_tokens=256, enable_prefix_caching=False, **kw)  # fmt: skip
+        if not calls:  # no warm-up outside capture (the CPU): one eager decode step
+            from litellama.sampling_params import SamplingParams
+
+            eng.add_request([1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+            while eng.has_unfinished_requests():
+                eng.step()
+    finally:
+        quant8.RuntimeW8.apply = orig
+    return model, eng, calls
+
+
+@part("gemv calls", need=1 if DRY else 40)
+def gemv_calls():
+    """Each projection's one-token W8A16 call as the engine makes it, timed over all layers' weights (HBM, not L2):
+    the one-token kernel against the skinny kernel's former tiles, with the engine's activations and a fresh copy."""
+    out = RES["gemv_calls"] = {}
+    for scheme in ("int8 W8A16", "fp8 W8A16"):
+        model, eng, calls = engine_calls(scheme)
+        groups = {}
+        for layer, x, bias, gated in calls:
+            groups.setdefault((tuple(layer.weight.shape), gated), []).append((layer, x, bias))
+        kind = "fp8" if scheme.startswith("fp8") else "int8"
+        for (shape, gated), cs in groups.items():
+            cs = cs[: len(cs) // 2 * 2 or 1]  # whole layers
+            x = cs[0][1].reshape(-1, cs[0][1].shape[-1])
+            old = dict(SKINNY_GEMV, **SKINNY_GEMV_TUNED.get((kind, *shape), {}))
+            row = dict(shape=list(shape), gated=gated, calls=len(cs), x_stride=list(x.stride()),
+                       x_ptr_mod16=x.data_ptr() % 16, w_ptr_mod16=cs[0][0].weight.data_ptr() % 16)  # fmt: skip
+            for name, cfg, fresh in (("gemv", None, False), ("skinny", old, False), ("gemv fresh x", None, True)):
+                fns = []
+                for layer, xi, bias in cs:
+                    xi = xi.reshape(-1, xi.shape[-1])
+                    xi = xi.clone() if fresh else xi
+                    fns.append(lambda l=layer, xi=xi, b=bias: qg.w8a16_gemm(xi, l.weight, l.weight_scale, b, None, cfg, gated))
+                row[name] = graph_ms(fns, CUDA, calls=max(20, len(fns)))
+            out[f"{kind} {shape[0]}x{shape[1]}{' gated' if gated else ''}"] = row
+            print(f"  gemv calls {kind} {shape} gated={gated}: {row}", flush=True)
+        del eng, model, calls, groups
+        gc.collect()
+        if CUDA:
+            torch.cuda.empty_cache()
+
 SCHEMES = os.environ.get("W8_SCHEMES", "bf16,int8 W8A16,fp8 W8A16,fp8 W8A8").split(",")
 for scheme in SCHEMES:
     part(f"engine {scheme}", need=12 if not DRY else 1)(lambda scheme=scheme: engine_scheme(scheme))

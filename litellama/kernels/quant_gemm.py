@@ -563,8 +563,8 @@ def _w8a16_gemv_kernel(
     rk = _vec_cols(BLOCK_K, VEC)
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    w_ptrs = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * K + (k_lo + rk)[None, :]
-    x_ptrs = x_ptr + (k_lo + rk)[None, :] + 0 * rn[:, None]  # in the weight tile's shape, and so its layout
+    w_ptrs = (w_ptr + k_lo) + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * K + rk[None, :]  # one base, offsets
+    x_ptrs = (x_ptr + k_lo) + rk[None, :] + 0 * rn[:, None]  # in the weight tile's shape, and so its layout
     acc = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
