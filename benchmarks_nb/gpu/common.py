@@ -209,6 +209,24 @@ def quant_block(w, bk: int = 128):
     return (pad / s[..., None]).view(N, kb * bk)[:, :K].to(FP8), s.contiguous()
 
 
+# the one-token tiles of the skinny kernel before _w8a16_gemv_kernel (112185c's "gemv" entries), for A/B rows
+SKINNY_GEMV = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, GEMV=False)
+SKINNY_GEMV_TUNED = {  # (kind, N, K) -> tiles over SKINNY_GEMV
+    ("fp8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1),
+    ("fp8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024),
+    ("fp8", 6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=1),
+    ("fp8", 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=1),
+    ("int8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024),
+    ("int8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024),
+    ("int8", 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=1),
+}
+
+
+def skinny_gemv_config(kind: str, N: int, K: int) -> dict:
+    "The config that runs a one-token product of `kind` (int8 | fp8) and shape `N x K` as 112185c did."
+    return dict(SKINNY_GEMV, **SKINNY_GEMV_TUNED.get((kind, N, K), {}))
+
+
 # ---------------------------------------------------------------- Qwen3-8B's shape (random weights, real shapes)
 
 # Qwen3-0.6B's family settings (vocabulary, 8 KV heads of 128, RoPE, norm eps) at Qwen3-8B's widths and depth, untied

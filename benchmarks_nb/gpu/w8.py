@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from common import (
     FP8,
     QWEN3_8B,
+    SKINNY_GEMV,
+    SKINNY_GEMV_TUNED,
     Budget,
     copies_for,
     eager_ms,
@@ -39,6 +41,7 @@ from common import (
     quant_block,
     quant_rows,
     rel,
+    skinny_gemv_config,
     sync,
 )
 from litellama.kernels import quant_gemm as qg
@@ -548,14 +551,38 @@ PROMPT, GEN, PREFILL = (8, 6, 64) if DRY else (128, 64, 4096)
 ENG = {}
 
 
-def engine_part(scheme, key=None):
+def model_config():
+    "The engine rows' model: Qwen3-8B's shape, or the tiny Qwen3 in a dry run."
     from transformers import AutoConfig
-    from litellama.engine.llm_engine import ContinuousBatchingEngine
-    from litellama.sampling_params import SamplingParams
-    from litellama.testing.tokenizer import make_tokenizer
     from litellama.testing.checkpoints import SHAPES as CK
 
-    cfg = AutoConfig.for_model(**(CK["tiny-qwen3"] if DRY else QWEN3_8B))
+    return AutoConfig.for_model(**(CK["tiny-qwen3"] if DRY else QWEN3_8B))
+
+
+def batch1_engine(model, cfg, max_tokens: int):
+    "A one-sequence engine over `model` (CUDA graphs on a GPU), prompts up to `max_tokens`, no prefix caching."
+    from litellama.engine.llm_engine import ContinuousBatchingEngine
+    from litellama.testing.tokenizer import make_tokenizer
+
+    kw = dict(num_kv_blocks=64) if DRY else {}
+    return ContinuousBatchingEngine(
+        model,
+        cfg,
+        make_tokenizer(),
+        device=DEV,
+        dtype=DT,
+        max_num_seqs=1,
+        max_model_len=max_tokens + 64,
+        max_num_batched_tokens=max_tokens,
+        enable_prefix_caching=False,
+        **kw,
+    )
+
+
+def engine_part(scheme, key=None):
+    from litellama.sampling_params import SamplingParams
+
+    cfg = model_config()
     if CUDA:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -566,19 +593,7 @@ def engine_part(scheme, key=None):
     if CUDA:
         r["peak_allocated_while_building"] = torch.cuda.max_memory_allocated()
     t = time.perf_counter()
-    kw = dict(num_kv_blocks=64) if DRY else {}
-    eng = ContinuousBatchingEngine(
-        model,
-        cfg,
-        make_tokenizer(),
-        device=DEV,
-        dtype=DT,
-        max_num_seqs=1,
-        max_model_len=PREFILL + 64,
-        max_num_batched_tokens=PREFILL,
-        enable_prefix_caching=False,
-        **kw,
-    )
+    eng = batch1_engine(model, cfg, PREFILL)
     sync()
     r["engine_setup_s"] = time.perf_counter() - t
     st = eng.stats
@@ -635,23 +650,11 @@ VARIANTS = {  # suffixes of a scheme's name that switch one change off for that 
     " -fast": "fp8 W8A8 without fast accumulation",
     " -gemv": "one token through the skinny kernel and its former tiles, not _w8a16_gemv_kernel",
 }
-SKINNY_GEMV = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, GEMV=False)  # the former "gemv" entry
-SKINNY_GEMV_TUNED = {  # the former "gemv" entries of W8A16_TUNED, (kind, N, K) -> tiles
-    ("fp8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, SPLIT_K=1),
-    ("fp8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024),
-    ("fp8", 6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=1),
-    ("fp8", 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=1),
-    ("int8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024),
-    ("int8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024),
-    ("int8", 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=1),
-}
-
-
 def skinny_gemv_table():
     "W8A16_TUNED with the one-token entries of the skinny kernel in place of the current ones."
     table = {k: v for k, v in qg.W8A16_TUNED.items() if k[0] != "gemv"}
-    for (kind, N, K), t in SKINNY_GEMV_TUNED.items():
-        table[("gemv", kind, N, K)] = dict(SKINNY_GEMV, **t)
+    for kind, N, K in SKINNY_GEMV_TUNED:
+        table[("gemv", kind, N, K)] = skinny_gemv_config(kind, N, K)
     return table
 
 
@@ -690,13 +693,9 @@ RES["engine"] = ENG
 
 def engine_calls(scheme):
     "The W8A16 calls of one batch-1 decode step as the engine makes them (its warm-up, outside graph capture)."
-    from transformers import AutoConfig
-    from litellama.engine.llm_engine import ContinuousBatchingEngine
     from litellama.layers import quant8
-    from litellama.testing.tokenizer import make_tokenizer
-    from litellama.testing.checkpoints import SHAPES as CK
 
-    cfg = AutoConfig.for_model(**(CK["tiny-qwen3"] if DRY else QWEN3_8B))
+    cfg = model_config()
     model, calls, orig = build(cfg, scheme_quant(scheme)), [], quant8.RuntimeW8.apply
 
     def rec(self, layer, x, bias=None, gated=False):
@@ -707,9 +706,7 @@ def engine_calls(scheme):
 
     quant8.RuntimeW8.apply = rec
     try:
-        kw = dict(num_kv_blocks=64) if DRY else {}
-        eng = ContinuousBatchingEngine(model, cfg, make_tokenizer(), device=DEV, dtype=DT, max_num_seqs=1,
-                                       max_model_len=256, max_num_batched_tokens=256, enable_prefix_caching=False, **kw)  # fmt: skip
+        eng = batch1_engine(model, cfg, 192)
         if not calls:  # no warm-up outside capture (the CPU): one eager decode step
             from litellama.sampling_params import SamplingParams
 
@@ -733,9 +730,8 @@ def gemv_calls():
             groups.setdefault((tuple(layer.weight.shape), gated), []).append((layer, x, bias))
         kind = "fp8" if scheme.startswith("fp8") else "int8"
         for (shape, gated), cs in groups.items():
-            cs = cs[: len(cs) // 2 * 2 or 1]  # whole layers
             x = cs[0][1].reshape(-1, cs[0][1].shape[-1])
-            old = dict(SKINNY_GEMV, **SKINNY_GEMV_TUNED.get((kind, *shape), {}))
+            old = skinny_gemv_config(kind, *shape)
             row = dict(shape=list(shape), gated=gated, calls=len(cs), x_stride=list(x.stride()),
                        x_ptr_mod16=x.data_ptr() % 16, w_ptr_mod16=cs[0][0].weight.data_ptr() % 16)  # fmt: skip
             for name, cfg, fresh in (("gemv", None, False), ("skinny", old, False), ("gemv fresh x", None, True)):

@@ -763,24 +763,21 @@ def _kernel_meta(M, K, kps, blk, fp8, dtype, device, cfg) -> tuple:
     meta = dict(
         FP8=fp8,
         NATIVE=device.type == "cuda",
-        BLOCKWISE=blk is not None,
-        IEEE=dtype == torch.float32,
         BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"],
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    streamed = dict(MAGIC=cfg.get("MAGIC", True), EVEN_K=K % kps == 0)  # the two streaming kernels' options
     if M == 1 and blk is None and cfg.get("GEMV", True) and not cfg.get("PREFETCH") and not cfg.get("DEQUANT"):
-        meta = {k: v for k, v in meta.items() if k not in ("BLOCKWISE", "IEEE")}
-        meta.update(MAGIC=cfg.get("MAGIC", True), EVEN_K=K % kps == 0, VEC=cfg.get("VEC", 8))
-        return _w8a16_gemv_kernel, None, meta
+        return _w8a16_gemv_kernel, None, dict(meta, **streamed, VEC=cfg.get("VEC", 8))
+    meta.update(BLOCKWISE=blk is not None, IEEE=dtype == torch.float32)
     if M <= 16 and not cfg.get("DEQUANT"):
         use_dot = M > 1  # the elementwise path takes one token
         meta.update(
+            streamed,
             USE_DOT=use_dot,
             SCALE_K=blk[1] if blk else 1,
-            MAGIC=cfg.get("MAGIC", True),
-            EVEN_K=K % kps == 0,
             PREFETCH=cfg.get("PREFETCH", False),
             M_PAD=max(triton.next_power_of_2(M), 16) if use_dot else 1,
         )
