@@ -401,3 +401,31 @@ def test_every_checkpoint_shape_generates_bf16(like, tmp_path):
     for o in outs:
         ids = o.outputs[0].token_ids
         assert len(ids) == 8 and all(0 <= t < vocab for t in ids)
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fused_moe_both_paths_and_graph_replay(fp8):
+    "Qwen3-30B-A3B's expert shape: the one-token path and the aligned path against the per-expert loop, eager and replayed from a CUDA graph."
+    from litellama.kernels import fused_moe as fm
+    E, K, H, I, dt = 128, 8, 2048, 768, torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w13 = (torch.randn(E, 2 * I, H, device="cuda", generator=g) / H ** 0.5).to(dt)
+    w2 = (torch.randn(E, H, I, device="cuda", generator=g) / I ** 0.5).to(dt)
+    scales = ()
+    if fp8:
+        (w13, s13), (w2, s2) = fm.quantize_blockwise(w13.float()), fm.quantize_blockwise(w2.float())
+        scales = (s13, s2)
+    a, b = (fm.dequantize_blockwise(w13, s13, 128, dt), fm.dequantize_blockwise(w2, s2, 128, dt)) if fp8 else (w13, w2)
+    for T in (1, 2, 5):
+        x = torch.randn(T, H, device="cuda", dtype=dt)
+        tw, ti = fm.topk_softmax(torch.randn(T, E, device="cuda", dtype=dt), K, True)
+        ref = fm.fused_moe_reference(x.float(), a.float(), b.float(), tw.float(), ti)
+        for gemv in (True, False):
+            run = lambda: fm.fused_moe(x, w13, w2, tw, ti, *scales, config=dict(GEMV=gemv))
+            assert rel_err(run(), ref) < 1e-2, (T, gemv)
+            out = run()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = run()
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            assert rel_err(out, fm.fused_moe_reference(x.float(), a.float(), b.float(), tw.float(), ti)) < 1e-2, (T, gemv)

@@ -1,13 +1,14 @@
-"""Qwen3-MoE on Qwen3-30B-A3B's shapes (random weights): the aligned fused MoE path with the top-k sum in the down kernel
-(SUM_TOPK) against the same path summing in torch and the per-expert loop, at 1, 16 and 64 tokens; a few tiles per token
-count, the best installed into this run's autotune table; the M = 1 linears of SHAPE_RULES (the best installed); then the
-engine's batch-1 TPOT with its decode profile, workload 1, and HF transformers batch 1 and workload 1, in the same run.
+"""Qwen3-MoE on Qwen3-30B-A3B's shapes (random weights): the fused MoE paths (the one-token path, GEMV, and the aligned
+path with the top-k sum in the down kernel or in torch) against the per-expert loop, at 1, 2, 4, 16 and 64 tokens; a few
+tiles of each path per token count, the best installed into this run's autotune table; the M = 1 linears of SHAPE_RULES
+(the best installed); then the engine's batch-1 TPOT with its decode profile (and again with the aligned path forced at
+one token), workload 1, and HF transformers batch 1 and workload 1, in the same run.
 
     PYTHONPATH=. python3 benchmarks_nb/gpu/moe.py OUT_DIR                                   # on the GPU
     PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/moe.py OUT_DIR --dry-run      # tiny shapes, CPU
 
 Writes OUT_DIR/moe.json and prints a table. Every part is guarded: a failure is recorded and the next part runs; no part
-starts after its time limit, so the whole run stays under 140 s."""
+starts after its time limit, so the whole run stays under 260 s."""
 
 import os, sys, time
 
@@ -18,7 +19,7 @@ import torch
 import triton
 
 T0 = time.perf_counter()
-RUN_LIMIT_S = 132  # nothing starts after this (the whole run: under 140 s)
+RUN_LIMIT_S = 250  # nothing starts after this (the whole run: under 260 s)
 DEV = "cpu" if DRY else "cuda"
 DT = torch.float32 if DRY else torch.bfloat16
 import moe_engine
@@ -26,7 +27,7 @@ from common import run_info, sync, write_json
 from moe_engine import rel_err
 
 SHAPE = moe_engine.expert_shape(DRY)
-TOKENS = (1, 3) if DRY else (1, 16, 64)
+TOKENS = (1, 3) if DRY else (1, 2, 4, 16, 64)
 out_dir = next((a for a in sys.argv[1:] if not a.startswith("--")), os.environ.get("OUT", "."))
 res = dict(
     name="moe",
@@ -94,33 +95,55 @@ def loop(x, logits, fp8=False, dtype=None):
 
 @part("correctness", start_before=25)
 def _():
-    "Both sums, 16-bit and fp8 experts, against the loop; the fused sum once more under CUDA graph replay (zeroing inside)."
+    """Both paths (the aligned one with both sums), 16-bit and fp8 experts, against the loop; the fused sum and the
+    one-token path once more under CUDA graph replay."""
     rows, tol = [], (1e-5 if DRY else 2e-2)
     for T in TOKENS:
         x, lg = inputs(T, T)
         ref, ref32, ref8 = loop(x, lg), loop(x, lg, dtype=torch.float32), loop(x, lg, fp8=True)
         r = dict(tokens=T)
-        for fuse in (True, False):
-            tag = "fused_sum" if fuse else "torch_sum"
-            out = layer(x, lg, SUM_TOPK=fuse)
+        paths = dict(fused_sum=dict(SUM_TOPK=True, GEMV=False), torch_sum=dict(SUM_TOPK=False, GEMV=False))
+        paths["gemv"] = dict(GEMV=True)
+        for tag, c in paths.items():
+            out = layer(x, lg, **c)
             r[f"{tag}_vs_loop"] = rel_err(out, ref)
             r[f"{tag}_vs_fp32_loop"] = rel_err(out, ref32)
-            r[f"{tag}_fp8_vs_dequantized_loop"] = rel_err(layer(x, lg, fp8=True, SUM_TOPK=fuse), ref8)
-        r["fused_vs_torch_sum"] = rel_err(layer(x, lg, SUM_TOPK=True), layer(x, lg, SUM_TOPK=False))
-        if DEV == "cuda":  # the zeroing and the atomics replayed from a graph
-            static = layer(x, lg, SUM_TOPK=True)
+            r[f"{tag}_fp8_vs_dequantized_loop"] = rel_err(layer(x, lg, fp8=True, **c), ref8)
+        r["fused_vs_torch_sum"] = rel_err(layer(x, lg, **paths["fused_sum"]), layer(x, lg, **paths["torch_sum"]))
+        for tag in ("fused_sum", "gemv"):  # the zeroing and the atomics, or the one-token path, replayed from a graph
+            if DEV != "cuda":
+                break
+            static = layer(x, lg, **paths[tag])
             gr = torch.cuda.CUDAGraph()
             with torch.cuda.graph(gr):
-                static = layer(x, lg, SUM_TOPK=True)
+                static = layer(x, lg, **paths[tag])
             for _ in range(3):
                 gr.replay()
             sync()
-            r["fused_sum_graph_replay_vs_loop"] = rel_err(static, ref)
+            r[f"{tag}_graph_replay_vs_loop"] = rel_err(static, ref)
         r["ok"] = all(v < tol for k, v in r.items() if k.endswith(("vs_loop", "vs_torch_sum")))
         rows.append(r)
     return rows
 
 
+GEMV_TILES = [  # (gate|up BLOCK_N, BLOCK_K, warps, down BLOCK_N, BLOCK_K, warps)
+    (2, 2048, 4, 4, 1024, 4),  # the rule
+    (1, 2048, 4, 4, 1024, 4),
+    (4, 2048, 4, 4, 1024, 4),
+    (4, 1024, 4, 4, 1024, 4),
+    (2, 2048, 2, 4, 1024, 4),
+    (1, 2048, 2, 2, 1024, 2),
+    (2, 2048, 4, 2, 1024, 4),
+    (2, 2048, 4, 8, 1024, 4),
+    (2, 2048, 4, 4, 256, 4),
+    (2, 2048, 4, 8, 256, 2),
+    (4, 512, 4, 8, 256, 4),
+    (8, 256, 4, 16, 256, 4),
+]
+GEMV_TILES = [
+    dict(GEMV=True, BLOCK_N=a, BLOCK_K=b, num_warps=c, DOWN_BLOCK_N=d, DOWN_BLOCK_K=e, DOWN_WARPS=f)
+    for a, b, c, d, e, f in GEMV_TILES
+]
 DECODE_TILES = [
     dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),  # the decode rule
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),
@@ -135,33 +158,37 @@ WIDE_TILES = [
 
 @part("moe_layer", start_before=40)
 def _():
-    """The sparse block from the router's logits, graph replay: the rule with the top-k summed in the down kernel and in torch,
-    fp8 experts, a few tiles; the loop. The best 16-bit config per token count is installed into this run's autotune table."""
+    """The sparse block from the router's logits, graph replay: the rule, the aligned path with the top-k summed in the
+    down kernel and in torch, fp8 experts, a few tiles of each path; the loop. The best 16-bit config per token count is
+    installed into this run's autotune table."""
     rows, nbytes = [], torch.finfo(DT).bits // 8
     for T in TOKENS:
         x, lg = inputs(T, T)
         touched = int(torch.unique(fm.moe_topk(lg, K, True)[1]).numel())
         wbytes = touched * 3 * H * I * nbytes
         ref = loop(x, lg)
-        rule = fm._config(T, E, H, I, K, DT, False, DEV)
-        cands = {"rule fused_sum": dict(SUM_TOPK=True), "rule torch_sum": dict(SUM_TOPK=False)}
-        cands.update(
-            {"rule fp8 fused_sum": dict(fp8=True, SUM_TOPK=True), "rule fp8 torch_sum": dict(fp8=True, SUM_TOPK=False)}
-        )
-        tiles = [] if DRY else (DECODE_TILES + (WIDE_TILES if T >= 64 else []))
-        for c in tiles:
+        aligned = dict(GEMV=False)
+        cands = {"rule": {}, "rule fp8": dict(fp8=True)}
+        cands["aligned fused_sum"] = dict(aligned, SUM_TOPK=True)
+        cands["aligned torch_sum"] = dict(aligned, SUM_TOPK=False)
+        cands["aligned fp8 fused_sum"] = dict(aligned, fp8=True, SUM_TOPK=True)
+        cands["gemv"], cands["gemv fp8"] = dict(GEMV=True), dict(GEMV=True, fp8=True)
+        tiles = [] if DRY else (DECODE_TILES[1:] + (WIDE_TILES if T >= 64 else []))
+        for c in tiles if T in (1, 16, 64) else []:
             for fuse in (True, False):
                 cands[
-                    "{BLOCK_M}/{BLOCK_N}/{BLOCK_K}/{DOWN_BLOCK_N}/w{num_warps}/s{num_stages} ".format(**c)
+                    "aligned {BLOCK_M}/{BLOCK_N}/{BLOCK_K}/{DOWN_BLOCK_N}/w{num_warps}/s{num_stages} ".format(**c)
                     + ("fused_sum" if fuse else "torch_sum")
-                ] = dict(c, SUM_TOPK=fuse)
+                ] = dict(c, GEMV=False, SUM_TOPK=fuse)
+        for c in GEMV_TILES[1:] if T <= 4 and not DRY else []:
+            name = "gemv {BLOCK_N}/{BLOCK_K}/w{num_warps} {DOWN_BLOCK_N}/{DOWN_BLOCK_K}/w{DOWN_WARPS}".format(**c)
+            cands[name] = c
         cands["loop"] = None
         for name, c in cands.items():
-            if elapsed() > (38 if not DRY else 1e9) and name != "loop":
+            if elapsed() > (85 if not DRY else 1e9) and name != "loop":
                 continue
-            r = dict(
-                tokens=T, impl=name, experts_touched=touched, config={**rule, **(c or {})} if c is not None else None
-            )
+            cfg = None if c is None else fm._config(T, E, H, I, K, DT, bool(c.get("fp8")), DEV, c)
+            r = dict(tokens=T, impl=name, experts_touched=touched, config=cfg and {**cfg, "fp8": bool(c.get("fp8"))})
             fn = (lambda: loop(x, lg)) if c is None else (lambda c=c: layer(x, lg, **c))
             try:
                 out = fn()
@@ -180,13 +207,11 @@ def _():
             rows.append(r)
         by = {r["impl"]: r for r in rows if r["tokens"] == T and r.get("ms")}
         for r in by.values():
-            if "rule torch_sum" in by:
-                r["speedup_vs_torch_sum"] = by["rule torch_sum"]["ms"] / r["ms"]
+            if "aligned fused_sum" in by:
+                r["speedup_vs_aligned"] = by["aligned fused_sum"]["ms"] / r["ms"]
             if "loop" in by:
                 r["speedup_vs_loop"] = by["loop"]["ms"] / r["ms"]
-        ok16 = [
-            r for r in by.values() if r["config"] and not r["config"].get("fp8") and r.get("rel_err_vs_loop", 1) < 2e-2
-        ]
+        ok16 = [r for r in by.values() if r["config"] and not r["config"]["fp8"] and r.get("rel_err_vs_loop", 1) < 2e-2]
         if ok16 and DEV == "cuda":  # install the fastest correct 16-bit config for this bucket
             best = min(ok16, key=lambda r: r["ms"])
             key = (str(DT).replace("torch.", ""), "w16", E, H, I, K, autotune.shape_bucket(T))
@@ -211,7 +236,7 @@ MOE_LINEARS = {
 }  # router
 
 
-@part("linear_moe_shapes", start_before=50)
+@part("linear_moe_shapes", start_before=95)
 def _():
     "Qwen3-30B-A3B's M = 1 projections: the rule, the SHAPE_RULES entry and a few candidates, graph replay; the best installed."
     rows = []
@@ -270,7 +295,7 @@ HF_W1_TOKENS, HF_W1_SECONDS = (
 MODEL = {}
 
 
-@part("engine_tpot_batch1", start_before=60)
+@part("engine_tpot_batch1", start_before=110)
 def _():
     out, model, cfg = moe_engine.random_model_tpot(like, DEV, DT, PROMPT, GEN)
     out["installed"] = dict(res["installed"])
@@ -278,20 +303,33 @@ def _():
     return out
 
 
-@part("workload1_litellama", start_before=75)
+@part("engine_tpot_batch1_aligned", start_before=125)
+def _():
+    "The same model and engine with the aligned path forced at one token: the one-token path's A/B in this process."
+    from litellama.kernels import tuned
+
+    if "ours" not in MODEL:
+        raise RuntimeError("no model: the TPOT part failed or was skipped")
+    model, cfg = MODEL["ours"]
+    key = (str(DT).replace("torch.", ""), "w16", E, H, I, K, 1)
+    with tuned.forcing("fused_moe", key, dict(GEMV=False)):
+        return moe_engine.engine_tpot(model, cfg, DEV, DT, PROMPT, GEN)
+
+
+@part("workload1_litellama", start_before=145)
 def _():
     "Workload 1 through the engine (CUDA graphs) on the random-weight model of the TPOT part."
     if "ours" not in MODEL:
         raise RuntimeError("no model: the TPOT part failed or was skipped")
     model, cfg = MODEL["ours"]
-    return moe_engine.workload1_ours(model, cfg, DEV, DT, W1, 64 if DRY else 4096, lambda b: DRY or elapsed() <= 95)
+    return moe_engine.workload1_ours(model, cfg, DEV, DT, W1, 64 if DRY else 4096, lambda b: DRY or elapsed() <= 165)
 
 
 MODEL.clear()
 moe_engine.free(DEV)
 
 
-@part("hf_batch1", start_before=98)
+@part("hf_batch1", start_before=180)
 def _():
     t_w1 = time.perf_counter()
 
@@ -300,13 +338,15 @@ def _():
         return time.perf_counter() - t_w1 + est <= HF_W1_SECONDS and (DRY or elapsed() + est <= RUN_LIMIT_S)
 
     cfg = moe_engine.model_config(like)
-    return moe_engine.hf_speed(cfg, DEV, DT, PROMPT, 4 if DRY else 12, W1, HF_W1_TOKENS, time_left)
+    return moe_engine.hf_speed(cfg, DEV, DT, PROMPT, 4 if DRY else 24, W1, HF_W1_TOKENS, time_left)
 
 
 p = res["parts"]
 eng = p.get("engine_tpot_batch1", {})
-if "hf_batch1" in p and isinstance(eng, dict) and "tpot_ms" in eng:
-    eng["speedup_vs_hf_batch1"] = (1e3 / eng["tpot_ms"]) / p["hf_batch1"]["output_tok_s"]
+for name in ("engine_tpot_batch1", "engine_tpot_batch1_aligned"):
+    e_ = p.get(name, {})
+    if "hf_batch1" in p and isinstance(e_, dict) and "tpot_ms" in e_:
+        e_["speedup_vs_hf_batch1"] = (1e3 / e_["tpot_ms"]) / p["hf_batch1"]["output_tok_s"]
 if "workload1_litellama" in p:
     p["workload1"] = moe_engine.side_by_side(p)
 res["total_seconds"] = round(elapsed(), 1)
@@ -314,17 +354,17 @@ path = write_json(res, out_dir, "moe.json")
 
 for r in p.get("correctness", []):
     print("correctness", " ".join(f"{a}={b:.2e}" if isinstance(b, float) else f"{a}={b}" for a, b in r.items()))
-print(f"\n{'tokens':>6} {'impl':<40} {'ms':>8} {'GB/s':>7} {'x torch_sum':>11} {'x loop':>7} {'err':>8}")
+print(f"\n{'tokens':>6} {'impl':<40} {'ms':>8} {'GB/s':>7} {'x aligned':>11} {'x loop':>7} {'err':>8}")
 for r in p.get("moe_layer", []):
     f = lambda k, fmt: format(r[k], fmt) if r.get(k) is not None else "-"
     print(
-        f"{r['tokens']:>6} {r['impl']:<40} {f('ms', '8.4f')} {f('gbps', '7.0f')} {f('speedup_vs_torch_sum', '11.3f')} {f('speedup_vs_loop', '7.1f')} {f('rel_err_vs_loop', '8.1e')} {r.get('error', '')}"
+        f"{r['tokens']:>6} {r['impl']:<40} {f('ms', '8.4f')} {f('gbps', '7.0f')} {f('speedup_vs_aligned', '11.3f')} {f('speedup_vs_loop', '7.1f')} {f('rel_err_vs_loop', '8.1e')} {r.get('error', '')}"
     )
 for T in TOKENS:  # the issue's figure: the fused path against the loop
     rs = [
         r
         for r in p.get("moe_layer", [])
-        if r["tokens"] == T and r.get("speedup_vs_loop") and r["impl"].startswith("rule ") and "fp8" not in r["impl"]
+        if r["tokens"] == T and r.get("speedup_vs_loop") and r["impl"] in ("rule", "aligned fused_sum", "gemv")
     ]
     for r in rs:
         print(f"{T} tokens: {r['impl']} {r['speedup_vs_loop']:.1f}x the per-expert loop")
@@ -337,6 +377,9 @@ for k, v in res["installed"].items():
     print(f"installed {k}: {v}")
 if isinstance(eng, dict) and "tpot_ms" in eng:
     print(f"engine batch-1 TPOT {eng['tpot_ms']:.3f} ms  x HF {eng.get('speedup_vs_hf_batch1', float('nan')):.1f}")
+    al = p.get("engine_tpot_batch1_aligned", {})
+    if isinstance(al, dict) and "tpot_ms" in al:
+        print(f"  aligned path forced: {al['tpot_ms']:.3f} ms  x HF {al.get('speedup_vs_hf_batch1', float('nan')):.1f}")
     prof = eng["decode_profile"]
     if isinstance(prof, dict):
         print(

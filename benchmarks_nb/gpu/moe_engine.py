@@ -78,7 +78,7 @@ def part(res, name, dev, then=None):
 
 # each kernel in the first group whose pattern it contains, in this order; the rest under "other"
 GROUPS = [
-    ("expert GEMMs (gate|up, down)", ("_moe_gate_up_kernel", "_moe_down_kernel")),
+    ("expert GEMMs (gate|up, down)", ("_moe_gate_up_kernel", "_moe_down_kernel", "_moe_gemv_")),
     ("lm_head and sampling", ("nvjet", "ArgMax", "argmax", "_gumbel", "index_elementwise", "indexSelect")),
     (
         "MoE glue (top-k, alignment, sum, cast)",

@@ -8,6 +8,7 @@ Docs: https://litellama.github.io/litellama/kernels_nb/fused_moe.html.md"""
 __all__ = [
     "ALIGN_KERNEL_MAX_SLOTS",
     "DEFAULTS",
+    "GEMV_MAX_SLOTS",
     "moe_topk",
     "topk_softmax",
     "fused_moe_reference",
@@ -26,6 +27,7 @@ import triton
 import triton.language as tl
 
 from . import tuned
+from .quant_gemm import _vec_cols
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #07b8a8ca
@@ -539,23 +541,167 @@ def _moe_down_kernel(
         tl.store(out_ptr + rows[:, None] * H + rn[None, :], y.to(DT), mask=mask)
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #138f4f39
+@triton.jit
+def _gemv_slice(
+    w_ptrs, v, s_ptrs, k_mask, FP8: tl.constexpr, WIDEN: tl.constexpr, MASKED: tl.constexpr, VEC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One `[BLOCK_N, BLOCK_K]` slice of weights times the vector `v` (already in the tile's shape): float32
+    `[BLOCK_N, BLOCK_K // VEC]`, each thread's `VEC` products summed; fp8 sums times their block's scale."""
+    if MASKED:
+        w = tl.load(w_ptrs, mask=k_mask, other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_ptrs, eviction_policy="evict_first")
+    if FP8 and WIDEN:
+        w = _e4m3_to_f32(w)
+    part = tl.sum(tl.reshape(w.to(tl.float32) * v.to(tl.float32), [BLOCK_N, BLOCK_K // VEC, VEC]), axis=2)
+    if FP8:
+        part *= tl.load(s_ptrs)
+    return part
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #b522c327
+@triton.jit
+def _load_vector(ptrs, k_mask, MASKED: tl.constexpr):
+    "A slice of the token's vector, in the weight tile's shape."
+    if MASKED:
+        return tl.load(ptrs, mask=k_mask, other=0.0)
+    return tl.load(ptrs)
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #8c53333d
+@triton.jit(do_not_specialize=["S"])
+def _moe_gemv_gate_up_kernel(
+    x_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, S, H, NI, s_xt, s_we, s_wn, s_se, s_sn, s_sk,
+    TOP_K: tl.constexpr, FP8: tl.constexpr, WIDEN: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
+    VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    "Program `(slot, n)`: `out[slot] = silu(x_t @ gate_e.T) * (x_t @ up_e.T)` for `BLOCK_N` features of its expert."
+    slot, pid_n = tl.program_id(0), tl.program_id(1)
+    e = tl.load(ids_ptr + slot).to(tl.int64)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rc = tl.minimum(rn, NI - 1).to(tl.int64)  # rows past the end read the last row: no row mask on the loads
+    rk = _vec_cols(BLOCK_K, VEC)
+    rg = tl.arange(0, BLOCK_K // VEC) * VEC  # each thread's first column
+    g_ptrs = (w_ptr + e * s_we) + rc[:, None] * s_wn + rk[None, :]
+    u_ptrs = g_ptrs + NI * s_wn  # up rows, I further on
+    x_ptrs = (x_ptr + (slot // TOP_K).to(tl.int64) * s_xt) + rk[None, :] + 0 * rn[:, None]
+    sg_ptrs = (ws_ptr + e * s_se) + (rc // SB)[:, None] * s_sn  # fp8 scale rows (unread otherwise)
+    su_ptrs = (ws_ptr + e * s_se) + ((rc + NI) // SB)[:, None] * s_sn
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k_mask = (k0 + rk < H)[None, :]
+        kb = (tl.minimum(k0 + rg, H - 1) // SB)[None, :] * s_sk
+        v = _load_vector(x_ptrs, k_mask, not EVEN_K)
+        acc_g += _gemv_slice(g_ptrs, v, sg_ptrs + kb, k_mask, FP8, WIDEN, not EVEN_K, VEC, BLOCK_N, BLOCK_K)
+        acc_u += _gemv_slice(u_ptrs, v, su_ptrs + kb, k_mask, FP8, WIDEN, not EVEN_K, VEC, BLOCK_N, BLOCK_K)
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    DT = x_ptr.dtype.element_ty
+    g = tl.sum(acc_g, axis=1).to(DT).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32)
+    h = act * tl.sum(acc_u, axis=1).to(DT).to(tl.float32)
+    tl.store(out_ptr + slot.to(tl.int64) * NI + rn, h.to(DT), mask=rn < NI)
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #a79a5907
+@triton.jit
+def _moe_gemv_down_kernel(
+    h_ptr, w_ptr, ws_ptr, tw_ptr, ids_ptr, out_ptr, H, NI, s_we, s_wn, s_se, s_sn, s_sk,
+    TOP_K: tl.constexpr, FP8: tl.constexpr, WIDEN: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
+    VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Program `(t, n)`: `out[t] = sum_j tw[t, j] * (h[t * k + j] @ down_e.T)` for `BLOCK_N` features, the sum over
+    the top-k kept in the program."""
+    tok, pid_n = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rc = tl.minimum(rn, H - 1).to(tl.int64)
+    rk = _vec_cols(BLOCK_K, VEC)
+    rg = tl.arange(0, BLOCK_K // VEC) * VEC
+    DT = h_ptr.dtype.element_ty
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        slot = tok * TOP_K + j
+        e = tl.load(ids_ptr + slot).to(tl.int64)
+        w_ptrs = (w_ptr + e * s_we) + rc[:, None] * s_wn + rk[None, :]
+        v_ptrs = (h_ptr + slot.to(tl.int64) * NI) + rk[None, :] + 0 * rn[:, None]
+        s_ptrs = (ws_ptr + e * s_se) + (rc // SB)[:, None] * s_sn
+        acc = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+        for k0 in range(0, NI, BLOCK_K):
+            k_mask = (k0 + rk < NI)[None, :]
+            kb = (tl.minimum(k0 + rg, NI - 1) // SB)[None, :] * s_sk
+            v = _load_vector(v_ptrs, k_mask, not EVEN_K)
+            acc += _gemv_slice(w_ptrs, v, s_ptrs + kb, k_mask, FP8, WIDEN, not EVEN_K, VEC, BLOCK_N, BLOCK_K)
+            w_ptrs += BLOCK_K
+            v_ptrs += BLOCK_K
+        tw = tl.load(tw_ptr + slot).to(tl.float32)
+        total += (tl.sum(acc, axis=1).to(DT).to(tl.float32) * tw).to(DT).to(tl.float32)  # as the loop rounds a slot
+    tl.store(out_ptr + tok.to(tl.int64) * H + rn, total.to(DT), mask=rn < H)
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #fd61bec8
+def _fused_moe_gemv(x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, NI, K, fp8, widen, block_size, cfg):
+    "The one-token path: gate|up per slot, then down per token with the top-k summed in the program."
+    S, vec = T * K, cfg["VEC"]
+    bk = max(vec, min(cfg["BLOCK_K"], triton.next_power_of_2(H)))
+    dbk = max(vec, min(cfg["DOWN_BLOCK_K"], triton.next_power_of_2(NI)))
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    common = dict(TOP_K=K, FP8=fp8, WIDEN=widen, SB=block_size, VEC=vec, num_stages=cfg["num_stages"])
+    h = torch.empty(S, NI, dtype=x.dtype, device=x.device)
+    _moe_gemv_gate_up_kernel[(S, triton.cdiv(NI, cfg["BLOCK_N"]))](
+        x, w13, s13, ids, h, S, H, NI, x.stride(0), w13.stride(0), w13.stride(1), *ss13,
+        EVEN_K=H % bk == 0, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, num_warps=cfg["num_warps"], **common,
+    )  # fmt: skip
+    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    _moe_gemv_down_kernel[(T, triton.cdiv(H, cfg["DOWN_BLOCK_N"]))](
+        h, w2, s2, topk_weights.contiguous(), ids, out, H, NI, w2.stride(0), w2.stride(1), *ss2,
+        EVEN_K=NI % dbk == 0, BLOCK_N=cfg["DOWN_BLOCK_N"], BLOCK_K=dbk, num_warps=cfg["DOWN_WARPS"], **common,
+    )  # fmt: skip
+    return out
+
+
 # %% ../../kernels_nb/14_fused_moe.ipynb #22cfec38
 DEFAULTS = {
+    "gemv": dict(
+        BLOCK_N=2, BLOCK_K=2048, DOWN_BLOCK_N=4, DOWN_BLOCK_K=1024, VEC=8, num_warps=4, DOWN_WARPS=4, num_stages=1
+    ),
     "decode": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4, SUM_TOPK=True),
     "prefill": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=3, SUM_TOPK=False),
+    "interpret_gemv": dict(
+        BLOCK_N=4, BLOCK_K=32, DOWN_BLOCK_N=4, DOWN_BLOCK_K=32, VEC=8, num_warps=1, DOWN_WARPS=1, num_stages=1
+    ),
     "interpret": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, DOWN_BLOCK_N=32, num_warps=1, num_stages=1, SUM_TOPK=True),
 }
+GEMV_MAX_SLOTS = 16  # routed slots (tokens x top-k) up to which a step takes the one-token path
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #bf59657f
-def _config(T: int, E: int, H: int, NI: int, top_k: int, dtype, fp8: bool, device_type: str = "cuda") -> dict:
-    "Launch parameters: the rule by expected rows per expert, or this GPU's tuned entry."
-    if device_type != "cuda":
-        rule = DEFAULTS["interpret"]
-    else:
-        rule = DEFAULTS["decode" if T * top_k <= 16 * E else "prefill"]
+def _config(
+    T: int,
+    E: int,
+    H: int,
+    NI: int,
+    top_k: int,
+    dtype,
+    fp8: bool,
+    device_type: str = "cuda",
+    override: dict | None = None,
+) -> dict:
+    """Launch parameters: the path (`GEMV` or aligned) and its rule, or this GPU's tuned entry, then `override`.
+    A tuned entry without `GEMV` is an aligned path's."""
+    override = override or {}
     key = (str(dtype).replace("torch.", ""), "fp8" if fp8 else "w16", E, H, NI, top_k, tuned.shape_bucket(T))
-    return tuned.lookup("fused_moe", key, dict(rule), device_type)
+    entry = tuned.lookup("fused_moe", key, {}, device_type)
+    gemv = bool(override.get("GEMV", entry.get("GEMV", False) if entry else T * top_k <= GEMV_MAX_SLOTS))
+    if device_type != "cuda":
+        rule = DEFAULTS["interpret_gemv" if gemv else "interpret"]
+    else:
+        rule = DEFAULTS["gemv" if gemv else "decode" if T * top_k <= 16 * E else "prefill"]
+    same_path = bool(entry.get("GEMV", False)) == gemv
+    return {**rule, **(entry if same_path else {}), **override, "GEMV": gemv}
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #270e10bf
@@ -658,17 +804,21 @@ def fused_moe(
     T, H, E, NI, K, fp8 = _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
     if T == 0:
         return x.new_empty(0, H)
-    cfg = {**_config(T, E, H, NI, K, x.dtype, fp8, x.device.type), **(config or {})}
-    if fp8 and block_size % cfg["BLOCK_K"]:
-        cfg["BLOCK_K"] = block_size  # a K slice may not straddle two scale blocks
-    bm, S = cfg["BLOCK_M"], T * K
-    align = moe_align_block_size(topk_ids, bm, E)
+    cfg = _config(T, E, H, NI, K, x.dtype, fp8, x.device.type, config)
     x = x.contiguous()
     widen = fp8 and x.device.type != "cuda"
     if widen:
         w13, w2 = w13.view(torch.uint8), w2.view(torch.uint8)
     s13, s2 = (w13_scale, w2_scale) if fp8 else (x, x)  # any pointer; not read without fp8
     ss13, ss2 = (w13_scale.stride(), w2_scale.stride()) if fp8 else ((0, 0, 0), (0, 0, 0))
+    if cfg["GEMV"]:
+        return _fused_moe_gemv(
+            x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, NI, K, fp8, widen, block_size, cfg
+        )
+    if fp8 and block_size % cfg["BLOCK_K"]:
+        cfg["BLOCK_K"] = block_size  # a K slice may not straddle two scale blocks
+    bm, S = cfg["BLOCK_M"], T * K
+    align = moe_align_block_size(topk_ids, bm, E)
     ieee, nw, ns = x.dtype == torch.float32, cfg["num_warps"], cfg["num_stages"]
     common = dict(FP8=fp8, WIDEN=widen, SB=block_size, IEEE=ieee, BLOCK_M=bm, num_warps=nw, num_stages=ns)
     h = torch.empty(S, NI, dtype=x.dtype, device=x.device)
