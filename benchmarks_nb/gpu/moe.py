@@ -126,24 +126,13 @@ def _():
     return rows
 
 
-GEMV_TILES = [  # (gate|up BLOCK_N, BLOCK_K, warps, down BLOCK_N, BLOCK_K, warps)
-    (2, 2048, 4, 4, 1024, 4),  # the rule
-    (1, 2048, 4, 4, 1024, 4),
-    (4, 2048, 4, 4, 1024, 4),
-    (4, 1024, 4, 4, 1024, 4),
-    (2, 2048, 2, 4, 1024, 4),
-    (1, 2048, 2, 2, 1024, 2),
-    (2, 2048, 4, 2, 1024, 4),
-    (2, 2048, 4, 8, 1024, 4),
-    (2, 2048, 4, 4, 256, 4),
-    (2, 2048, 4, 8, 256, 2),
-    (4, 512, 4, 8, 256, 4),
-    (8, 256, 4, 16, 256, 4),
-]
-GEMV_TILES = [
-    dict(GEMV=True, BLOCK_N=a, BLOCK_K=b, num_warps=c, DOWN_BLOCK_N=d, DOWN_BLOCK_K=e, DOWN_WARPS=f)
-    for a, b, c, d, e, f in GEMV_TILES
-]
+# the one-token path's tiles, each half tried with the other half at the rule: (BLOCK_N, BLOCK_K, warps)
+GEMV_GATE_UP = [(1, 2048, 4), (4, 2048, 4), (4, 1024, 4), (2, 2048, 2), (1, 2048, 2), (2, 1024, 2), (4, 512, 2)]
+GEMV_GATE_UP += [(4, 256, 1), (2, 512, 1), (8, 256, 4)]
+GEMV_DOWN = [(2, 1024, 4), (8, 1024, 4), (4, 256, 4), (8, 256, 2), (4, 256, 1), (2, 256, 1), (8, 256, 1)]
+GEMV_DOWN += [(2, 1024, 2), (4, 512, 2), (1, 1024, 1)]
+GEMV_TILES = [("gemv gate|up {}/{}/w{}", dict(zip(("BLOCK_N", "BLOCK_K", "num_warps"), t))) for t in GEMV_GATE_UP]
+GEMV_TILES += [("gemv down {}/{}/w{}", dict(zip(("DOWN_BLOCK_N", "DOWN_BLOCK_K", "DOWN_WARPS"), t))) for t in GEMV_DOWN]
 DECODE_TILES = [
     dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),  # the decode rule
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),
@@ -154,6 +143,30 @@ WIDE_TILES = [
     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=3),  # the prefill rule
     dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4),
 ]
+
+
+GEMV_HALVES = ("gemv gate|up", "gemv down")
+GEMV_KEYS = (("BLOCK_N", "BLOCK_K", "num_warps"), ("DOWN_BLOCK_N", "DOWN_BLOCK_K", "DOWN_WARPS"))
+
+
+def measure(rows, T, x, lg, ref, touched, wbytes, name, c):
+    "One row of the layer table: config `c` (None: the loop) checked against the loop and timed."
+    cfg = None if c is None else fm._config(T, E, H, I, K, DT, bool(c.get("fp8")), DEV, c)
+    r = dict(tokens=T, impl=name, experts_touched=touched, config=cfg and {**cfg, "fp8": bool(c.get("fp8"))})
+    fn = (lambda: loop(x, lg)) if c is None else (lambda c=c: layer(x, lg, **c))
+    try:
+        out = fn()
+        sync()
+        if c is None or not c.get("fp8"):
+            r["rel_err_vs_loop"] = rel_err(out, ref)
+        if c is None:
+            r["ms"] = triton.testing.do_bench(fn, warmup=2, rep=20, return_mode="median") if not DRY else graph_ms(fn)
+        else:
+            r["ms"] = graph_ms(fn)
+        r["gbps"] = wbytes / (2 if c and c.get("fp8") else 1) / r["ms"] / 1e6
+    except Exception as ex:
+        r["error"] = f"{type(ex).__name__}: {ex}"
+    rows.append(r)
 
 
 @part("moe_layer", start_before=40)
@@ -180,31 +193,25 @@ def _():
                     "aligned {BLOCK_M}/{BLOCK_N}/{BLOCK_K}/{DOWN_BLOCK_N}/w{num_warps}/s{num_stages} ".format(**c)
                     + ("fused_sum" if fuse else "torch_sum")
                 ] = dict(c, GEMV=False, SUM_TOPK=fuse)
-        for c in GEMV_TILES[1:] if T <= 4 and not DRY else []:
-            name = "gemv {BLOCK_N}/{BLOCK_K}/w{num_warps} {DOWN_BLOCK_N}/{DOWN_BLOCK_K}/w{DOWN_WARPS}".format(**c)
-            cands[name] = c
+        for name, c in (GEMV_TILES if not DRY else GEMV_TILES[:: len(GEMV_GATE_UP)]) if T <= 4 else []:
+            cands[name.format(*c.values())] = dict(c, GEMV=True)
         cands["loop"] = None
         for name, c in cands.items():
             if elapsed() > (85 if not DRY else 1e9) and name != "loop":
                 continue
-            cfg = None if c is None else fm._config(T, E, H, I, K, DT, bool(c.get("fp8")), DEV, c)
-            r = dict(tokens=T, impl=name, experts_touched=touched, config=cfg and {**cfg, "fp8": bool(c.get("fp8"))})
-            fn = (lambda: loop(x, lg)) if c is None else (lambda c=c: layer(x, lg, **c))
-            try:
-                out = fn()
-                sync()
-                if c is None or not c.get("fp8"):
-                    r["rel_err_vs_loop"] = rel_err(out, ref)
-                if c is None:
-                    r["ms"] = (
-                        triton.testing.do_bench(fn, warmup=2, rep=20, return_mode="median") if not DRY else graph_ms(fn)
-                    )
-                else:
-                    r["ms"] = graph_ms(fn)
-                r["gbps"] = wbytes / (2 if c and c.get("fp8") else 1) / r["ms"] / 1e6
-            except Exception as ex:
-                r["error"] = f"{type(ex).__name__}: {ex}"
-            rows.append(r)
+            measure(rows, T, x, lg, ref, touched, wbytes, name, c)
+        halves = [
+            [r for r in rows if r["tokens"] == T and r["impl"].startswith(h) and r.get("ms")] for h in GEMV_HALVES
+        ]
+        if all(halves):  # the one-token path with each half's fastest tile
+            best = [
+                min(h + [r for r in rows if r["tokens"] == T and r["impl"] == "gemv"], key=lambda r: r["ms"])
+                for h in halves
+            ]
+            c = dict(GEMV=True)
+            for h, b in zip(GEMV_KEYS, best):
+                c.update({k: b["config"][k] for k in h})
+            measure(rows, T, x, lg, ref, touched, wbytes, "gemv best halves", c)
         by = {r["impl"]: r for r in rows if r["tokens"] == T and r.get("ms")}
         for r in by.values():
             if "aligned fused_sum" in by:
