@@ -27,7 +27,7 @@ from common import run_info, sync, write_json
 from moe_engine import rel_err
 
 SHAPE = moe_engine.expert_shape(DRY)
-TOKENS = (1, 3) if DRY else (1, 2, 4, 16, 64)
+TOKENS = (1, 3) if DRY else (1, 2, 4, 8, 16, 64)
 out_dir = next((a for a in sys.argv[1:] if not a.startswith("--")), os.environ.get("OUT", "."))
 res = dict(
     name="moe",
@@ -129,8 +129,8 @@ def _():
 # the one-token path's tiles, each half tried with the other half at the rule: (BLOCK_N, BLOCK_K, warps)
 GEMV_GATE_UP = [(1, 2048, 4), (4, 2048, 4), (4, 1024, 4), (2, 2048, 2), (1, 2048, 2), (2, 1024, 2), (4, 512, 2)]
 GEMV_GATE_UP += [(4, 256, 1), (2, 512, 1), (8, 256, 4)]
-GEMV_DOWN = [(2, 1024, 4), (8, 1024, 4), (4, 256, 4), (8, 256, 2), (4, 256, 1), (2, 256, 1), (8, 256, 1)]
-GEMV_DOWN += [(2, 1024, 2), (4, 512, 2), (1, 1024, 1)]
+GEMV_DOWN = [(1, 1024, 4), (2, 1024, 4), (1, 256, 2), (4, 256, 4), (1, 256, 1), (2, 256, 2), (1, 1024, 2)]
+GEMV_DOWN += [(4, 256, 2), (8, 256, 4), (2, 512, 2), (1, 512, 1)]
 GEMV_TILES = [("gemv gate|up {}/{}/w{}", dict(zip(("BLOCK_N", "BLOCK_K", "num_warps"), t))) for t in GEMV_GATE_UP]
 GEMV_TILES += [("gemv down {}/{}/w{}", dict(zip(("DOWN_BLOCK_N", "DOWN_BLOCK_K", "DOWN_WARPS"), t))) for t in GEMV_DOWN]
 DECODE_TILES = [
@@ -193,11 +193,11 @@ def _():
                     "aligned {BLOCK_M}/{BLOCK_N}/{BLOCK_K}/{DOWN_BLOCK_N}/w{num_warps}/s{num_stages} ".format(**c)
                     + ("fused_sum" if fuse else "torch_sum")
                 ] = dict(c, GEMV=False, SUM_TOPK=fuse)
-        for name, c in (GEMV_TILES if not DRY else GEMV_TILES[:: len(GEMV_GATE_UP)]) if T <= 4 else []:
+        for name, c in (GEMV_TILES if not DRY else GEMV_TILES[:: len(GEMV_GATE_UP)]) if T <= 8 else []:
             cands[name.format(*c.values())] = dict(c, GEMV=True)
         cands["loop"] = None
         for name, c in cands.items():
-            if elapsed() > (85 if not DRY else 1e9) and name != "loop":
+            if elapsed() > (80 if not DRY else 1e9) and name != "loop":
                 continue
             measure(rows, T, x, lg, ref, touched, wbytes, name, c)
         halves = [
@@ -225,6 +225,22 @@ def _():
             cfg = {k: v for k, v in best["config"].items() if k != "fp8"}
             autotune.load().setdefault("fused_moe", {})[autotune._key(key)] = cfg
             res["installed"][f"fused_moe {autotune._key(key)}"] = dict(impl=best["impl"], ms=best["ms"], config=cfg)
+    return rows
+
+
+@part("routing", start_before=90)
+def _():
+    "The top-k kernel alone, graph replay: its rule and other rows per program and warps, at 1, 4 and 64 tokens."
+    rows = []
+    for T in (1, 4, 64) if not DRY else (1, 3):
+        _, lg = inputs(T, T)
+        ref = fm.moe_topk(lg, K, True)
+        for c in [None, dict(ROWS=16, num_warps=4), dict(ROWS=1, num_warps=1), dict(ROWS=1, num_warps=2)]:
+            r = dict(tokens=T, config=c or "rule")
+            w, ids = fm.topk_softmax(lg, K, True, c)
+            r["same_experts"] = bool(torch.equal(ids, ref[1]))
+            r["ms"] = graph_ms(lambda c=c: fm.topk_softmax(lg, K, True, c))
+            rows.append(r)
     return rows
 
 
@@ -375,6 +391,8 @@ for T in TOKENS:  # the issue's figure: the fused path against the loop
     ]
     for r in rs:
         print(f"{T} tokens: {r['impl']} {r['speedup_vs_loop']:.1f}x the per-expert loop")
+for r in p.get("routing", []):
+    print(f"routing {r['tokens']:>3} tokens {str(r['config']):<32} {r['ms'] * 1e3:7.2f} us same={r['same_experts']}")
 for r in p.get("linear_moe_shapes", []):
     cf = {k: v for k, v in (r["config"] or {}).items() if k in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps")}
     print(

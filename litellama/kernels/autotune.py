@@ -223,12 +223,14 @@ OPS = OPS + ("fused_moe",)
 
 # %% ../../kernels_nb/08_autotune.ipynb #260ba637
 def _moe_candidates(device):
-    "The tiles tried for the fused MoE pair: a grid on a GPU, two small tiles in the interpreter."
+    """The tiles tried for the fused MoE pair: a grid of the aligned path's and a few of the one-token path's on a GPU,
+    one of each in the interpreter."""
     if device == "cpu":
-        return _grid(
+        aligned = _grid(
             BLOCK_M=(16,), BLOCK_N=(16, 32), BLOCK_K=(32,), DOWN_BLOCK_N=(32,), num_warps=(1,), num_stages=(1,)
         )
-    return _grid(
+        return [dict(c, GEMV=False) for c in aligned] + [dict(GEMV=True, BLOCK_N=4, DOWN_BLOCK_N=4)]
+    aligned = _grid(
         BLOCK_M=(16, 32, 64),
         BLOCK_N=(32, 64, 128),
         BLOCK_K=(64, 128),
@@ -236,6 +238,8 @@ def _moe_candidates(device):
         num_warps=(4, 8),
         num_stages=(3, 4),
     )
+    gemv = _grid(BLOCK_N=(1, 2, 4), DOWN_BLOCK_N=(1, 2, 4), DOWN_BLOCK_K=(256, 1024), DOWN_WARPS=(2, 4))
+    return [dict(c, GEMV=False) for c in aligned] + [dict(c, GEMV=True) for c in gemv]
 
 
 # %% ../../kernels_nb/08_autotune.ipynb #0ea981e4

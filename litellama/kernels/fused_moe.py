@@ -85,8 +85,9 @@ def _topk_softmax_kernel(
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #aee0c343
-def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool):
-    "`moe_topk` in one launch: `(topk_weights [T, k] in the logits' dtype, topk_ids [T, k] int32)`."
+def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool, config: dict | None = None):
+    """`moe_topk` in one launch: `(topk_weights [T, k] in the logits' dtype, topk_ids [T, k] int32)`;
+    `config` may set `ROWS` per program and `num_warps`."""
     T, E = router_logits.shape
     if not 1 <= top_k <= E:
         raise ValueError(f"top_k={top_k} must be between 1 and the number of experts ({E})")
@@ -96,8 +97,9 @@ def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool):
         return w, ids
     logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
     e_pad = triton.next_power_of_2(E)
-    rows = max(1, min(16, 4096 // e_pad))
-    _topk_softmax_kernel[(triton.cdiv(T, rows),)](
+    rows = max(1, min(16, 4096 // e_pad, triton.next_power_of_2(T)))  # one token: one row, not sixteen copies of it
+    cfg = {"ROWS": rows, "num_warps": 4 if rows * e_pad >= 2048 else 1, **(config or {})}
+    _topk_softmax_kernel[(triton.cdiv(T, cfg["ROWS"]),)](
         logits,
         w,
         ids,
@@ -108,8 +110,8 @@ def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool):
         K_PAD=triton.next_power_of_2(top_k),
         E_PAD=e_pad,
         RENORM=renormalize,
-        ROWS=rows,
-        num_warps=4 if e_pad >= 128 else 1,
+        ROWS=cfg["ROWS"],
+        num_warps=cfg["num_warps"],
     )
     return w, ids
 
@@ -611,35 +613,43 @@ def _moe_gemv_gate_up_kernel(
 @triton.jit
 def _moe_gemv_down_kernel(
     h_ptr, w_ptr, ws_ptr, tw_ptr, ids_ptr, out_ptr, H, NI, s_we, s_wn, s_se, s_sn, s_sk,
-    TOP_K: tl.constexpr, FP8: tl.constexpr, WIDEN: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
-    VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, FP8: tl.constexpr, WIDEN: tl.constexpr, SB: tl.constexpr,
+    EVEN_K: tl.constexpr, VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """Program `(t, n)`: `out[t] = sum_j tw[t, j] * (h[t * k + j] @ down_e.T)` for `BLOCK_N` features, the sum over
-    the top-k kept in the program."""
+    """Program `(t, n)`: `out[t] = sum_j tw[t, j] * (h[t * k + j] @ down_e.T)` for `BLOCK_N` features, all `k` slots
+    in one `[K_PAD, BLOCK_N, BLOCK_K]` tile, the sum over the top-k kept in the program."""
     tok, pid_n = tl.program_id(0), tl.program_id(1)
+    rj = tl.arange(0, K_PAD)
+    slots = tok * TOP_K + tl.minimum(rj, TOP_K - 1)  # padded slots repeat the last one, with weight 0
+    e = tl.load(ids_ptr + slots).to(tl.int64)
+    tw = tl.where(rj < TOP_K, tl.load(tw_ptr + slots).to(tl.float32), 0.0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rn, H - 1).to(tl.int64)
     rk = _vec_cols(BLOCK_K, VEC)
     rg = tl.arange(0, BLOCK_K // VEC) * VEC
+    w_ptrs = w_ptr + (e * s_we)[:, None, None] + (rc * s_wn)[None, :, None] + rk[None, None, :]
+    v_ptrs = h_ptr + (slots.to(tl.int64) * NI)[:, None, None] + rk[None, None, :] + 0 * rn[None, :, None]
+    s_ptrs = ws_ptr + (e * s_se)[:, None, None] + ((rc // SB) * s_sn)[None, :, None]  # fp8 scale rows
+    acc = tl.zeros([K_PAD, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+    for k0 in range(0, NI, BLOCK_K):
+        k_mask = (k0 + rk < NI)[None, None, :]
+        v = _load_vector(v_ptrs, k_mask, not EVEN_K)
+        if EVEN_K:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+        else:
+            w = tl.load(w_ptrs, mask=k_mask, other=0.0, eviction_policy="evict_first")
+        if FP8 and WIDEN:
+            w = _e4m3_to_f32(w)
+        p = w.to(tl.float32) * v.to(tl.float32)
+        part = tl.sum(tl.reshape(p, [K_PAD, BLOCK_N, BLOCK_K // VEC, VEC]), axis=3)
+        if FP8:
+            part *= tl.load(s_ptrs + ((tl.minimum(k0 + rg, NI - 1) // SB) * s_sk)[None, None, :])
+        acc += part
+        w_ptrs += BLOCK_K
+        v_ptrs += BLOCK_K
     DT = h_ptr.dtype.element_ty
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        slot = tok * TOP_K + j
-        e = tl.load(ids_ptr + slot).to(tl.int64)
-        w_ptrs = (w_ptr + e * s_we) + rc[:, None] * s_wn + rk[None, :]
-        v_ptrs = (h_ptr + slot.to(tl.int64) * NI) + rk[None, :] + 0 * rn[:, None]
-        s_ptrs = (ws_ptr + e * s_se) + (rc // SB)[:, None] * s_sn
-        acc = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
-        for k0 in range(0, NI, BLOCK_K):
-            k_mask = (k0 + rk < NI)[None, :]
-            kb = (tl.minimum(k0 + rg, NI - 1) // SB)[None, :] * s_sk
-            v = _load_vector(v_ptrs, k_mask, not EVEN_K)
-            acc += _gemv_slice(w_ptrs, v, s_ptrs + kb, k_mask, FP8, WIDEN, not EVEN_K, VEC, BLOCK_N, BLOCK_K)
-            w_ptrs += BLOCK_K
-            v_ptrs += BLOCK_K
-        tw = tl.load(tw_ptr + slot).to(tl.float32)
-        total += (tl.sum(acc, axis=1).to(DT).to(tl.float32) * tw).to(DT).to(tl.float32)  # as the loop rounds a slot
-    tl.store(out_ptr + tok.to(tl.int64) * H + rn, total.to(DT), mask=rn < H)
+    per_slot = (tl.sum(acc, axis=2).to(DT).to(tl.float32) * tw[:, None]).to(DT).to(tl.float32)  # as the loop rounds
+    tl.store(out_ptr + tok.to(tl.int64) * H + rn, tl.sum(per_slot, axis=0).to(DT), mask=rn < H)
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #fd61bec8
@@ -658,7 +668,8 @@ def _fused_moe_gemv(x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H
     out = torch.empty(T, H, dtype=x.dtype, device=x.device)
     _moe_gemv_down_kernel[(T, triton.cdiv(H, cfg["DOWN_BLOCK_N"]))](
         h, w2, s2, topk_weights.contiguous(), ids, out, H, NI, w2.stride(0), w2.stride(1), *ss2,
-        EVEN_K=NI % dbk == 0, BLOCK_N=cfg["DOWN_BLOCK_N"], BLOCK_K=dbk, num_warps=cfg["DOWN_WARPS"], **common,
+        K_PAD=triton.next_power_of_2(K), EVEN_K=NI % dbk == 0, BLOCK_N=cfg["DOWN_BLOCK_N"], BLOCK_K=dbk,
+        num_warps=cfg["DOWN_WARPS"], **common,
     )  # fmt: skip
     return out
 
@@ -666,7 +677,7 @@ def _fused_moe_gemv(x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H
 # %% ../../kernels_nb/14_fused_moe.ipynb #22cfec38
 DEFAULTS = {
     "gemv": dict(
-        BLOCK_N=2, BLOCK_K=2048, DOWN_BLOCK_N=4, DOWN_BLOCK_K=1024, VEC=8, num_warps=4, DOWN_WARPS=4, num_stages=1
+        BLOCK_N=2, BLOCK_K=2048, DOWN_BLOCK_N=2, DOWN_BLOCK_K=256, VEC=8, num_warps=4, DOWN_WARPS=4, num_stages=1
     ),
     "decode": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4, SUM_TOPK=True),
     "prefill": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=3, SUM_TOPK=False),
@@ -675,7 +686,7 @@ DEFAULTS = {
     ),
     "interpret": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, DOWN_BLOCK_N=32, num_warps=1, num_stages=1, SUM_TOPK=True),
 }
-GEMV_MAX_SLOTS = 16  # routed slots (tokens x top-k) up to which a step takes the one-token path
+GEMV_MAX_SLOTS = 32  # routed slots (tokens x top-k) up to which a step takes the one-token path
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #bf59657f
