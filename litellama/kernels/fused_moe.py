@@ -97,8 +97,7 @@ def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool, con
         return w, ids
     logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
     e_pad = triton.next_power_of_2(E)
-    rows = max(1, min(16, 4096 // e_pad, triton.next_power_of_2(T)))  # one token: one row, not sixteen copies of it
-    cfg = {"ROWS": rows, "num_warps": 4 if rows * e_pad >= 2048 else 1, **(config or {})}
+    cfg = {"ROWS": 1, "num_warps": max(1, min(4, e_pad // 256)), **(config or {})}  # a row per program
     _topk_softmax_kernel[(triton.cdiv(T, cfg["ROWS"]),)](
         logits,
         w,
@@ -677,7 +676,7 @@ def _fused_moe_gemv(x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H
 # %% ../../kernels_nb/14_fused_moe.ipynb #22cfec38
 DEFAULTS = {
     "gemv": dict(
-        BLOCK_N=2, BLOCK_K=2048, DOWN_BLOCK_N=2, DOWN_BLOCK_K=256, VEC=8, num_warps=4, DOWN_WARPS=4, num_stages=1
+        BLOCK_N=2, BLOCK_K=2048, DOWN_BLOCK_N=8, DOWN_BLOCK_K=256, VEC=8, num_warps=4, DOWN_WARPS=4, num_stages=1
     ),
     "decode": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, DOWN_BLOCK_N=64, num_warps=4, num_stages=4, SUM_TOPK=True),
     "prefill": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, DOWN_BLOCK_N=128, num_warps=4, num_stages=3, SUM_TOPK=False),
@@ -686,7 +685,7 @@ DEFAULTS = {
     ),
     "interpret": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, DOWN_BLOCK_N=32, num_warps=1, num_stages=1, SUM_TOPK=True),
 }
-GEMV_MAX_SLOTS = 32  # routed slots (tokens x top-k) up to which a step takes the one-token path
+GEMV_MAX_SLOTS = 64  # routed slots (tokens x top-k) up to which a step takes the one-token path
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #bf59657f
