@@ -9,7 +9,7 @@ they run the fastest tiles the sweeps found instead.
     PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/moe.py OUT_DIR --dry-run      # tiny shapes, CPU
 
 Writes OUT_DIR/moe.json and prints a table. Every part is guarded: a failure is recorded and the next part runs; no part
-starts after its time limit, so the whole run stays under 340 s."""
+starts after its time limit, so the whole run stays under 360 s."""
 
 import os, sys, time
 
@@ -21,7 +21,7 @@ import triton
 
 T0 = time.perf_counter()
 INSTALL = os.environ.get("MOE_INSTALL") == "1"  # install the fastest tiles found, so the engine parts use them
-RUN_LIMIT_S = 330  # nothing starts after this (the whole run: under 340 s)
+RUN_LIMIT_S = 330  # nothing starts after this (the whole run: under 360 s)
 DEV = "cpu" if DRY else "cuda"
 DT = torch.float32 if DRY else torch.bfloat16
 import moe_engine
@@ -315,7 +315,7 @@ PROMPT, GEN = 16, (8 if DRY else 64)
 W1 = [(1, 8, 4), (3, 5, 3)] if DRY else W1_ROWS  # (batch, prompt, generated), BENCHMARKS.md's workload 1
 HF_W1_TOKENS, HF_W1_SECONDS = (
     (2 if DRY else 16),
-    (20 if DRY else 45),
+    (20 if DRY else 60),
 )  # HF is slow: its tokens per row and its time are capped
 MODEL = {}
 
@@ -370,7 +370,7 @@ def _():
     t_w1 = time.perf_counter()
 
     def time_left(b):
-        est = 4 + 0.03 * b  # seconds a 16-token row takes HF (batch 256: about 11 s)
+        est = 5 + 0.04 * b  # seconds a 16-token row and its warm-up take HF (batch 256: about 15 s)
         return time.perf_counter() - t_w1 + est <= HF_W1_SECONDS and (DRY or elapsed() + est <= RUN_LIMIT_S)
 
     cfg = moe_engine.model_config(like)

@@ -211,8 +211,10 @@ def workload1_ours(model, cfg, dev, dt, rows, tokens_per_step: int, may_start=la
 
 
 def hf_speed(cfg, dev, dt, prompt_len: int, gen: int, rows, hf_tokens: int, may_start=lambda batch: True) -> dict:
-    """HF transformers on the same shape: batch-1 output tok/s over `gen` tokens (the faster of two runs), then
-    workload 1's rows with at most `hf_tokens` tokens each, those that `may_start`."""
+    """HF transformers on the same shape: batch-1 output tok/s over `gen` tokens (after a warm-up of the same length,
+    the fastest of three runs), then workload 1's rows with at most `hf_tokens` tokens each, each after a 2-token
+    warm-up of its own batch, those that `may_start`. HF's first calls of a shape are several times slower than its
+    later ones, so a warm-up shorter than the run flatters every speed-up over it."""
     from transformers import AutoModelForCausalLM
 
     from litellama.benchmarks.harness import hf_generate, random_prompts
@@ -225,9 +227,9 @@ def hf_speed(cfg, dev, dt, prompt_len: int, gen: int, rows, hf_tokens: int, may_
     build_s = time.perf_counter() - t
     ids = torch.randint(0, min(10000, cfg.vocab_size), (1, prompt_len), device=dev)
     with torch.inference_mode():
-        hf.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=0)  # warm up
+        hf.generate(ids, max_new_tokens=gen, min_new_tokens=gen, do_sample=False, pad_token_id=0)  # warm up
         runs = []
-        for _ in range(2):
+        for _ in range(3):
             sync(dev)
             t = time.perf_counter()
             out = hf.generate(ids, max_new_tokens=gen, min_new_tokens=gen, do_sample=False, pad_token_id=0)
@@ -241,7 +243,9 @@ def hf_speed(cfg, dev, dt, prompt_len: int, gen: int, rows, hf_tokens: int, may_
                 w1.append(dict(batch=b, prompt=p, skipped="HF's time for workload 1 spent"))
                 continue
             n_new = min(g, hf_tokens)
-            n_h, t_h = hf_generate(hf, random_prompts(b, p, seed=b, vocab=min(10000, cfg.vocab_size)), n_new, b)
+            prompts = random_prompts(b, p, seed=b, vocab=min(10000, cfg.vocab_size))
+            hf_generate(hf, prompts, 2, b)  # warm up this batch shape
+            n_h, t_h = hf_generate(hf, prompts, n_new, b)
             w1.append(dict(batch=b, prompt=p, generated=n_new, hf_tok_s=n_h / t_h, seconds=t_h))
             print("workload1 hf", w1[-1], flush=True)
     except Exception as e:
