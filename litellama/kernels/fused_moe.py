@@ -797,6 +797,28 @@ def _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common
     )
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #4ea59039
+def _fused_moe_aligned(
+    x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, E, NI, K, fp8, widen, block_size, cfg
+):  # fmt: skip
+    "The aligned path: slots sorted by expert into `BLOCK_M` blocks, then the two grouped multiplies."
+    if fp8 and block_size % cfg["BLOCK_K"]:
+        cfg["BLOCK_K"] = block_size  # a K slice may not straddle two scale blocks
+    bm, S = cfg["BLOCK_M"], T * K
+    align = moe_align_block_size(topk_ids, bm, E)
+    ieee, nw, ns = x.dtype == torch.float32, cfg["num_warps"], cfg["num_stages"]
+    common = dict(FP8=fp8, WIDEN=widen, SB=block_size, IEEE=ieee, BLOCK_M=bm, num_warps=nw, num_stages=ns)
+    h = torch.empty(S, NI, dtype=x.dtype, device=x.device)
+    fuse = bool(cfg.get("SUM_TOPK", False))
+    y_shape, y_dtype = ((T, H), torch.float32) if fuse else ((S, H), x.dtype)
+    y = torch.empty(y_shape, dtype=y_dtype, device=x.device)
+    _gate_up(x, w13, s13, ss13, h, y, align, S, H, NI, T, K, fuse, cfg, common)
+    _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common)
+    if fuse:
+        return y.to(x.dtype)  # the float32 sums, rounded once
+    return y.view(T, K, H).sum(1)  # torch sums 16-bit floats in float32 and rounds once: one launch, not two
+
+
 # %% ../../kernels_nb/14_fused_moe.ipynb #05b5e3b2
 def fused_moe(
     x: torch.Tensor,
@@ -825,18 +847,6 @@ def fused_moe(
         return _fused_moe_gemv(
             x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, NI, K, fp8, widen, block_size, cfg
         )
-    if fp8 and block_size % cfg["BLOCK_K"]:
-        cfg["BLOCK_K"] = block_size  # a K slice may not straddle two scale blocks
-    bm, S = cfg["BLOCK_M"], T * K
-    align = moe_align_block_size(topk_ids, bm, E)
-    ieee, nw, ns = x.dtype == torch.float32, cfg["num_warps"], cfg["num_stages"]
-    common = dict(FP8=fp8, WIDEN=widen, SB=block_size, IEEE=ieee, BLOCK_M=bm, num_warps=nw, num_stages=ns)
-    h = torch.empty(S, NI, dtype=x.dtype, device=x.device)
-    fuse = bool(cfg.get("SUM_TOPK", False))
-    y_shape, y_dtype = ((T, H), torch.float32) if fuse else ((S, H), x.dtype)
-    y = torch.empty(y_shape, dtype=y_dtype, device=x.device)
-    _gate_up(x, w13, s13, ss13, h, y, align, S, H, NI, T, K, fuse, cfg, common)
-    _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common)
-    if fuse:
-        return y.to(x.dtype)  # the float32 sums, rounded once
-    return y.view(T, K, H).sum(1)  # torch sums 16-bit floats in float32 and rounds once: one launch, not two
+    return _fused_moe_aligned(
+        x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, E, NI, K, fp8, widen, block_size, cfg
+    )
