@@ -320,6 +320,13 @@ HF_W1_TOKENS, HF_W1_SECONDS = (
 MODEL = {}
 
 
+def shared_model():
+    "The random-weight model and config the TPOT part built, for the parts after it."
+    if "ours" not in MODEL:
+        raise RuntimeError("no model: the TPOT part failed or was skipped")
+    return MODEL["ours"]
+
+
 @part("engine_tpot_batch1", start_before=110)
 def _():
     out, model, cfg = moe_engine.random_model_tpot(like, DEV, DT, PROMPT, GEN)
@@ -333,9 +340,7 @@ def _():
     "The same model and engine with the aligned path forced at one token: the one-token path's A/B in this process."
     from litellama.kernels import tuned
 
-    if "ours" not in MODEL:
-        raise RuntimeError("no model: the TPOT part failed or was skipped")
-    model, cfg = MODEL["ours"]
+    model, cfg = shared_model()
     key = (str(DT).replace("torch.", ""), "w16", E, H, I, K, 1)
     with tuned.forcing("fused_moe", key, dict(GEMV=False)):
         return moe_engine.engine_tpot(model, cfg, DEV, DT, PROMPT, GEN)
@@ -344,20 +349,16 @@ def _():
 @part("workload1_litellama", start_before=145)
 def _():
     "Workload 1 through the engine (CUDA graphs) on the random-weight model of the TPOT part."
-    if "ours" not in MODEL:
-        raise RuntimeError("no model: the TPOT part failed or was skipped")
-    model, cfg = MODEL["ours"]
+    model, cfg = shared_model()
     return moe_engine.workload1_ours(model, cfg, DEV, DT, W1, 64 if DRY else 4096, lambda b: DRY or elapsed() <= 165)
 
 
 @part("workload2_litellama", start_before=170)
 def _():
     "Workload 2 (256 requests, 100-1024 tokens in and out) through the engine on the same model; no HF peer (too slow)."
-    if "ours" not in MODEL:
-        raise RuntimeError("no model: the TPOT part failed or was skipped")
+    model, cfg = shared_model()
     if DRY:
         return dict(skipped="the tiny model's 512 positions and 320-token vocabulary cannot hold workload 2")
-    model, cfg = MODEL["ours"]
     return moe_engine.workload2_ours(model, cfg, DEV, DT, 256, 24000)
 
 
