@@ -545,20 +545,20 @@ def _moe_down_kernel(
 # %% ../../kernels_nb/14_fused_moe.ipynb #138f4f39
 @triton.jit
 def _gemv_slice(
-    w_ptrs, v, s_ptrs, k_mask, FP8: tl.constexpr, WIDEN: tl.constexpr, MASKED: tl.constexpr, VEC: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    w_ptrs, v, s_ptrs, kb, k_mask, FP8: tl.constexpr, WIDEN: tl.constexpr, MASKED: tl.constexpr, VEC: tl.constexpr
 ):  # fmt: skip
-    """One `[BLOCK_N, BLOCK_K]` slice of weights times the vector `v` (already in the tile's shape): float32
-    `[BLOCK_N, BLOCK_K // VEC]`, each thread's `VEC` products summed; fp8 sums times their block's scale."""
+    """A slice of weights `[..., BLOCK_K]` times the vector `v` (already in the tile's shape): float32
+    `[..., BLOCK_K // VEC]`, each thread's `VEC` products summed; fp8 sums times their scale, at `s_ptrs + kb`."""
     if MASKED:
         w = tl.load(w_ptrs, mask=k_mask, other=0.0, eviction_policy="evict_first")
     else:
         w = tl.load(w_ptrs, eviction_policy="evict_first")
     if FP8 and WIDEN:
         w = _e4m3_to_f32(w)
-    part = tl.sum(tl.reshape(w.to(tl.float32) * v.to(tl.float32), [BLOCK_N, BLOCK_K // VEC, VEC]), axis=2)
+    p = w.to(tl.float32) * v.to(tl.float32)
+    part = tl.sum(tl.reshape(p, p.shape[:-1] + [p.shape[-1] // VEC, VEC]), axis=len(p.shape))
     if FP8:
-        part *= tl.load(s_ptrs)
+        part *= tl.load(s_ptrs + kb)
     return part
 
 
@@ -596,8 +596,8 @@ def _moe_gemv_gate_up_kernel(
         k_mask = (k0 + rk < H)[None, :]
         kb = (tl.minimum(k0 + rg, H - 1) // SB)[None, :] * s_sk
         v = _load_vector(x_ptrs, k_mask, not EVEN_K)
-        acc_g += _gemv_slice(g_ptrs, v, sg_ptrs + kb, k_mask, FP8, WIDEN, not EVEN_K, VEC, BLOCK_N, BLOCK_K)
-        acc_u += _gemv_slice(u_ptrs, v, su_ptrs + kb, k_mask, FP8, WIDEN, not EVEN_K, VEC, BLOCK_N, BLOCK_K)
+        acc_g += _gemv_slice(g_ptrs, v, sg_ptrs, kb, k_mask, FP8, WIDEN, not EVEN_K, VEC)
+        acc_u += _gemv_slice(u_ptrs, v, su_ptrs, kb, k_mask, FP8, WIDEN, not EVEN_K, VEC)
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -632,18 +632,9 @@ def _moe_gemv_down_kernel(
     acc = tl.zeros([K_PAD, BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
     for k0 in range(0, NI, BLOCK_K):
         k_mask = (k0 + rk < NI)[None, None, :]
+        kb = ((tl.minimum(k0 + rg, NI - 1) // SB) * s_sk)[None, None, :]
         v = _load_vector(v_ptrs, k_mask, not EVEN_K)
-        if EVEN_K:
-            w = tl.load(w_ptrs, eviction_policy="evict_first")
-        else:
-            w = tl.load(w_ptrs, mask=k_mask, other=0.0, eviction_policy="evict_first")
-        if FP8 and WIDEN:
-            w = _e4m3_to_f32(w)
-        p = w.to(tl.float32) * v.to(tl.float32)
-        part = tl.sum(tl.reshape(p, [K_PAD, BLOCK_N, BLOCK_K // VEC, VEC]), axis=3)
-        if FP8:
-            part *= tl.load(s_ptrs + ((tl.minimum(k0 + rg, NI - 1) // SB) * s_sk)[None, None, :])
-        acc += part
+        acc += _gemv_slice(w_ptrs, v, s_ptrs, kb, k_mask, FP8, WIDEN, not EVEN_K, VEC)
         w_ptrs += BLOCK_K
         v_ptrs += BLOCK_K
     DT = h_ptr.dtype.element_ty
