@@ -174,7 +174,7 @@ def measure(rows, T, x, lg, ref, touched, wbytes, name, c):
 @part("moe_layer", start_before=40)
 def _():
     """The sparse block from the router's logits, graph replay: the rule, the aligned path with the top-k summed in the
-    down kernel and in torch, fp8 experts, a few tiles of each path; the loop. The best 16-bit config per token count is
+    down kernel and in torch, fp8 experts, a few tiles of each path; the loop. With MOE_INSTALL=1 the best 16-bit config per token count is
     installed into this run's autotune table."""
     rows, nbytes = [], torch.finfo(DT).bits // 8
     for T in TOKENS:
@@ -223,7 +223,7 @@ def _():
         ok16 = [r for r in by.values() if r["config"] and not r["config"]["fp8"] and r.get("rel_err_vs_loop", 1) < 2e-2]
         if ok16 and DEV == "cuda" and INSTALL:  # install the fastest correct 16-bit config for this bucket
             best = min(ok16, key=lambda r: r["ms"])
-            key = (str(DT).replace("torch.", ""), "w16", E, H, I, K, autotune.shape_bucket(T))
+            key = fm.tuned_key(T, E, H, I, K, DT, False)
             cfg = {k: v for k, v in best["config"].items() if k != "fp8"}
             autotune.load().setdefault("fused_moe", {})[autotune._key(key)] = cfg
             res["installed"][f"fused_moe {autotune._key(key)}"] = dict(impl=best["impl"], ms=best["ms"], config=cfg)
@@ -341,7 +341,7 @@ def _():
     from litellama.kernels import tuned
 
     model, cfg = shared_model()
-    key = (str(DT).replace("torch.", ""), "w16", E, H, I, K, 1)
+    key = fm.tuned_key(1, E, H, I, K, DT, False)
     with tuned.forcing("fused_moe", key, dict(GEMV=False)):
         return moe_engine.engine_tpot(model, cfg, DEV, DT, PROMPT, GEN)
 

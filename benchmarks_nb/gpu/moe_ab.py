@@ -19,7 +19,7 @@ import litellama
 
 out_path, label = [a for a in sys.argv[1:] if not a.startswith("--")][:2]
 dev, dt = ("cpu", torch.float32) if DRY else ("cuda", torch.bfloat16)
-res, model, cfg = moe_engine.random_model_tpot(moe_engine.model_like(DRY), dev, dt, 16, 8 if DRY else 64)
+res, _, _ = moe_engine.random_model_tpot(moe_engine.model_like(DRY), dev, dt, 16, 8 if DRY else 64)
 prof = res.pop("decode_profile")
 res.update(
     label=label,

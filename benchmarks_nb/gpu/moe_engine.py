@@ -114,6 +114,15 @@ def _engine(model, cfg, dev, dt, **options):
     return eng, time.perf_counter() - t
 
 
+def _llm(model, cfg, dev, dt, **options):
+    "`(an LLM over the engine of `model` with `options`, its setup seconds)`: the harness's generate calls take an LLM."
+    from litellama.entrypoints.llm import LLM
+
+    llm = LLM.__new__(LLM)  # LLM builds its engine from a checkpoint; this one wraps a model already in memory
+    llm.engine, setup_s = _engine(model, cfg, dev, dt, **options)
+    return llm, setup_s
+
+
 def decode_profile(eng, prompt, dev, steps=8):
     "The kernels of `steps` decode steps after `prompt`'s prefill: per group, in total and the top 20, per step."
     from torch.profiler import ProfilerActivity
@@ -182,11 +191,9 @@ def engine_tpot(model, cfg, dev, dt, prompt_len: int, gen: int) -> dict:
 def workload1_ours(model, cfg, dev, dt, rows, tokens_per_step: int, may_start=lambda batch: True) -> dict:
     "Workload 1's `(batch, prompt, generated)` rows through the engine (CUDA graphs on a GPU); rows `may_start` skips."
     from litellama.benchmarks.harness import ours_generate, random_prompts
-    from litellama.entrypoints.llm import LLM
 
     blocks = max(-(-(p + g) // 16) * b for b, p, g in rows) + 64
-    llm = LLM.__new__(LLM)
-    llm.engine, setup_s = _engine(
+    llm, setup_s = _llm(
         model,
         cfg,
         dev,
@@ -294,12 +301,8 @@ def random_model_tpot(like: str, dev, dt, prompt_len: int, gen: int) -> tuple:
 def workload2_ours(model, cfg, dev, dt, num_requests: int, num_kv_blocks: int) -> dict:
     "Workload 2 (random requests of 100-1024 tokens in and out, sampled) through the engine on `model`."
     from litellama.benchmarks.harness import workload2
-    from litellama.entrypoints.llm import LLM
 
-    llm = LLM.__new__(LLM)
-    llm.engine, setup_s = _engine(
-        model, cfg, dev, dt, max_num_seqs=256, max_model_len=2048, num_kv_blocks=num_kv_blocks
-    )
+    llm, setup_s = _llm(model, cfg, dev, dt, max_num_seqs=256, max_model_len=2048, num_kv_blocks=num_kv_blocks)
     out = workload2(llm, num_requests=num_requests)
     del llm
     return dict(out, engine_setup_s=setup_s, num_kv_blocks=num_kv_blocks)

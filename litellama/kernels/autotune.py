@@ -255,7 +255,6 @@ def _moe_cases(op, quick, device, dtype, model, tokens=None):
     g = torch.Generator(device=device).manual_seed(0)
     w13 = torch.randn(E, 2 * inter, H, device=device, dtype=dtype, generator=g) / H**0.5
     w2 = torch.randn(E, H, inter, device=device, dtype=dtype, generator=g) / inter**0.5
-    dt = str(dtype).replace("torch.", "")
     for T in tokens or ((1, 64) if quick else (1, 4, 16, 64, 256, 1024, 4096)):
         shapes = []
         for t in _shapes(T):
@@ -264,7 +263,7 @@ def _moe_cases(op, quick, device, dtype, model, tokens=None):
             shapes.append(
                 (lambda x=x, tw=tw, ti=ti: fm.fused_moe(x, w13, w2, tw, ti), fm.fused_moe_reference(x, w13, w2, tw, ti))
             )
-        yield (dt, "w16", E, H, inter, K, shape_bucket(T)), _moe_candidates(device), shapes
+        yield fm.tuned_key(T, E, H, inter, K, dtype, False), _moe_candidates(device), shapes
 
 
 # %% ../../kernels_nb/08_autotune.ipynb #383bd9ae

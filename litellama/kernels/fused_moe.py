@@ -17,6 +17,7 @@ __all__ = [
     "max_padded_slots",
     "align_reference",
     "moe_align_block_size",
+    "tuned_key",
     "fused_moe",
 ]
 
@@ -679,6 +680,12 @@ DEFAULTS = {
 GEMV_MAX_SLOTS = 64  # routed slots (tokens x top-k) up to which a step takes the one-token path
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #c51a5d3f
+def tuned_key(T: int, E: int, H: int, NI: int, top_k: int, dtype, fp8: bool) -> tuple:
+    "The key of a tuned `fused_moe` entry: dtype, expert format and shape, and the token count's bucket."
+    return (str(dtype).replace("torch.", ""), "fp8" if fp8 else "w16", E, H, NI, top_k, tuned.shape_bucket(T))
+
+
 # %% ../../kernels_nb/14_fused_moe.ipynb #bf59657f
 def _config(
     T: int,
@@ -694,8 +701,7 @@ def _config(
     """Launch parameters: the path (`GEMV` or aligned) and its rule, or this GPU's tuned entry, then `override`.
     A tuned entry without `GEMV` is an aligned path's."""
     override = override or {}
-    key = (str(dtype).replace("torch.", ""), "fp8" if fp8 else "w16", E, H, NI, top_k, tuned.shape_bucket(T))
-    entry = tuned.lookup("fused_moe", key, {}, device_type)
+    entry = tuned.lookup("fused_moe", tuned_key(T, E, H, NI, top_k, dtype, fp8), {}, device_type)
     gemv = bool(override.get("GEMV", entry.get("GEMV", False) if entry else T * top_k <= GEMV_MAX_SLOTS))
     if device_type != "cuda":
         rule = DEFAULTS["interpret_gemv" if gemv else "interpret"]
