@@ -429,3 +429,30 @@ def test_fused_moe_both_paths_and_graph_replay(fp8):
             x.copy_(torch.randn_like(x))
             graph.replay()
             assert rel_err(out, fm.fused_moe_reference(x.float(), a.float(), b.float(), tw.float(), ti)) < 1e-2, (T, gemv)
+
+
+@pytest.mark.parametrize("group", [128, 32, 16])
+def test_w4a16_every_path_against_reference(group):
+    "Every W4A16 path, forced and by the rule, bf16 and fp16, against the float32 reference (the GPU's bit tricks)."
+    from litellama.kernels import w4a16 as W
+
+    g = torch.Generator().manual_seed(group)
+    for M, K, N in ((1, 4096, 4096), (1, 1056, 520), (4, 4096, 6144), (16, 2048, 4096), (64, 1024, 2048)):
+        if K % group:
+            continue
+        codes = torch.randint(0, 16, (K, N), generator=g)
+        zeros = torch.randint(0, 16, (K // group, N), generator=g)
+        scales = (torch.rand(K // group, N, generator=g) * 0.004 + 0.001).half()
+        qw, s, z, grp, _ = W.to_kernel_layout(
+            codes.cuda(), zeros.cuda(), scales.cuda(), torch.arange(K, device="cuda") // group
+        )
+        cfgs = [None, dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, SPLIT_K=3, num_warps=4, num_stages=1)]
+        cfgs += [dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2)]
+        if group % 128 == 0:
+            cfgs += [dict(PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=3)]
+        for dtype in (torch.bfloat16, torch.float16):
+            x = torch.randn(M, K, device="cuda").to(dtype)
+            want = W.w4a16_linear_ref(x.float(), qw, s.float(), z.float(), grp)
+            for cfg in cfgs:
+                got = W.w4a16_linear(x, qw, s, z, grp, config=cfg).float()
+                assert rel_err(got, want) < (1e-2 if dtype == torch.bfloat16 else 2e-3), (M, K, N, dtype, cfg)

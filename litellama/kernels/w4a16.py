@@ -182,6 +182,17 @@ def _store_t(out_ptr, b_ptr, acc, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS:
         tl.store(out_ptr + rm.to(tl.int64)[None, :] * N + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #b84c5378
+@triton.jit
+def _high_half(words, ASM: tl.constexpr):
+    "Each int32 shifted down by 16 bits; on the GPU an opaque `shr`, kept as one shift per word."
+    if ASM:
+        high = tl.inline_asm_elementwise("shr.u32 $0, $1, 16;", "=r,r", [words], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        high = words >> 16
+    return high
+
+
 # %% ../../kernels_nb/13_w4a16.ipynb #df8d5dc6
 @triton.jit(do_not_specialize=["M"])
 def _w4_gemv_kernel(
@@ -198,47 +209,50 @@ def _w4_gemv_kernel(
     s_xm,
     k_per_split,
     group_size,
+    magic,
     HAS_BIAS: tl.constexpr,
     PARTIAL: tl.constexpr,
+    ASM: tl.constexpr,
+    WORD_GROUPS: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SUBS: tl.constexpr,
-    SUB_W: tl.constexpr,
+    RUNS: tl.constexpr,
 ):
-    """One row of `x` times `BLOCK_N` rows of the 4-bit weight over one K slice, by multiply-and-add: `SUBS` runs
-    of `SUB_W` words per step, each inside one group."""
+    """One row of `x` times `BLOCK_N` rows of the 4-bit weight over one K slice, by multiply-and-add; a step is
+    `RUNS` runs of four words per row, the tile `[RUNS, BLOCK_N, 4]`."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rt = tl.arange(0, SUBS)
-    rw = tl.arange(0, SUB_W)
+    rr = tl.arange(0, RUNS)[:, None, None]
+    rw = tl.arange(0, 4)[None, None, :]
     n_mask = rn < N
-    KW = K // 8
+    n3 = n_mask[None, :, None]
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_row = x_ptr + pid_m.to(tl.int64) * s_xm
-    w_rows = qw_ptr + rn.to(tl.int64)[:, None, None] * KW
-    acc = tl.zeros([BLOCK_N, SUBS], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, SUBS * SUB_W * 8):
-        kw = (k0 // 8 + rt[:, None] * SUB_W + rw[None, :])[None, :, :]  # [1, SUBS, SUB_W] word columns
-        kw_mask = kw < KW
-        words = tl.load(w_rows + kw, mask=n_mask[:, None, None] & kw_mask, other=0)
-        high = words >> 16  # nibbles 4..7 moved down to bits 0..15
-        dot = tl.zeros([BLOCK_N, SUBS, SUB_W], dtype=tl.float32)
-        xs = tl.zeros([1, SUBS, SUB_W], dtype=tl.float32)
-        for j in tl.static_range(8):
-            half = words if j < 4 else high
-            # nibble at bits p..p+3 under the exponent of 2^23: the float 2^23 + q 2^p, exact
-            bits = (half & (0xF << (4 * (j % 4)))) | 0x4B000000
-            qp = bits.to(tl.float32, bitcast=True) - 8388608.0
-            xj = tl.load(x_row + kw * 8 + j, mask=kw_mask, other=0.0).to(tl.float32)
-            xs += xj
-            dot += qp * (xj * (1.0 / (1 << (4 * (j % 4)))))  # x loaded as [1, SUBS, SUB_W]: broadcast over rows
-        g = (k0 + rt * (SUB_W * 8)) // group_size  # each run's group
-        g_mask = n_mask[:, None] & (k0 + rt * (SUB_W * 8) < k_hi)[None, :]
-        g_off = rn.to(tl.int64)[:, None] * G + g[None, :]
+    w_rows = qw_ptr + rn.to(tl.int64)[None, :, None] * (K // 8)
+    g_rows = rn.to(tl.int64)[None, :, None] * G
+    acc = tl.zeros([RUNS, BLOCK_N, 4], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, RUNS * 32):
+        kw = k0 // 8 + rr * 4 + rw  # [RUNS, 1, 4] word columns
+        kw_mask = kw < k_hi // 8
+        words = tl.load(w_rows + tl.max_contiguous(kw, [1, 1, 1]), mask=n3 & kw_mask, other=0)  # x's layout
+        high = _high_half(words, ASM)
+        if WORD_GROUPS:  # each word its own group
+            g_off, g_mask = g_rows + kw * 8 // group_size, n3 & kw_mask
+        else:  # each run inside one group
+            g_off, g_mask = g_rows + (k0 + rr * 32) // group_size, n3 & (k0 + rr * 32 < k_hi)
         s = tl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
-        acc += s * (tl.sum(dot, axis=2) - z * tl.sum(xs, axis=2))  # sum x (q - z) s = s (sum x q - z sum x)
-    _store_row(out_ptr, b_ptr, tl.sum(acc, axis=1), pid_m, rn, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
+        for j in tl.static_range(8):
+            sh = 4 * (j % 4)
+            bits = ((words if j < 4 else high) & (0xF << sh)) | magic  # the float 2^23 + q 2^sh
+            qz = bits.to(tl.float32, bitcast=True) - (z * (1 << sh) + 8388608.0)  # (q - z) 2^sh, exact
+            xj = tl.load(x_row + kw * 8 + j, mask=kw_mask, other=0.0).to(tl.float32) * (1.0 / (1 << sh))
+            if j == 0:
+                dot = qz * xj
+            else:
+                dot += qz * xj
+        acc += s * dot
+    _store_row(out_ptr, b_ptr, tl.sum(tl.sum(acc, axis=2), axis=0), pid_m, rn, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #026fbc5f
@@ -391,10 +405,10 @@ def _w4_pair_kernel(
     s_xm,
     k_per_split,
     group_size,
+    magic2,
     HAS_BIAS: tl.constexpr,
     PARTIAL: tl.constexpr,
     ASM: tl.constexpr,
-    MAGIC2: tl.constexpr,
     MAGIC_VAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -422,10 +436,10 @@ def _w4_pair_kernel(
         g_off = rn.to(tl.int64) * G + k0 // group_size
         s = tl.load(s_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
-        l0, h0 = _pair_halves(((words >> 0) & 0x000F000F) | MAGIC2, xt, ASM)  # inputs 8w + 0 and 8w + 4
-        l1, h1 = _pair_halves(((words >> 4) & 0x000F000F) | MAGIC2, xt, ASM)
-        l2, h2 = _pair_halves(((words >> 8) & 0x000F000F) | MAGIC2, xt, ASM)
-        l3, h3 = _pair_halves(((words >> 12) & 0x000F000F) | MAGIC2, xt, ASM)
+        l0, h0 = _pair_halves(((words >> 0) & 0x000F000F) | magic2, xt, ASM)  # inputs 8w + 0 and 8w + 4
+        l1, h1 = _pair_halves(((words >> 4) & 0x000F000F) | magic2, xt, ASM)
+        l2, h2 = _pair_halves(((words >> 8) & 0x000F000F) | magic2, xt, ASM)
+        l3, h3 = _pair_halves(((words >> 12) & 0x000F000F) | magic2, xt, ASM)
         w = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
         w = tl.reshape(w, [BLOCK_N, BLOCK_K])  # dims [.., half, j bit 1, j bit 0]: column 4 half + j, input order
         part = tl.dot(w, xt)
@@ -644,7 +658,7 @@ def _tensor_core_consts(path, group_size, dtype, device, cfg) -> dict:
     if group_size % bk:
         raise ValueError(f"BLOCK_K {bk}: the pair path needs whole steps inside one group of {group_size}")
     asm = bool(cfg.get("ASM", True)) and device.type == "cuda"
-    return dict(ASM=asm, MAGIC2=magic * 0x10001, MAGIC_VAL=magic_val, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    return dict(ASM=asm, magic2=magic * 0x10001, MAGIC_VAL=magic_val, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #ac31d713
@@ -662,8 +676,10 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
     splits = triton.cdiv(K, kps)
     opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if path == "gemv":
-        sub = min(bk, group_size & -group_size)  # runs of `sub` features never cross a group
-        consts = dict(BLOCK_N=bn, SUBS=bk // sub, SUB_W=sub // 8)
+        if bk < 32:
+            raise ValueError(f"BLOCK_K {bk}: the gemv path takes steps of whole runs, at least 32")
+        asm = device.type == "cuda"
+        consts = dict(BLOCK_N=bn, RUNS=bk // 32, WORD_GROUPS=group_size % 32 != 0, ASM=asm, magic=0x4B000000)
         return "gemv", (M, triton.cdiv(N, bn), splits), kps, splits, consts, opts
     consts = _tensor_core_consts(path, group_size, dtype, device, cfg)
     return path, (triton.cdiv(M, cfg["BLOCK_M"]), triton.cdiv(N, bn), splits), kps, splits, consts, opts
