@@ -6,6 +6,8 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.7.1
 export TRITON_INTERPRET ?= 1
+# pip keeps no second copy of the wheels it installs (torch alone is hundreds of MB): the set-up fits a small disk.
+export PIP_NO_CACHE_DIR ?= 1
 
 .PHONY: demo test export format check-sync lint nbtest pytest soak browser docs clean
 
