@@ -471,9 +471,11 @@ def test_non_streamed_disconnect_aborts(server):
     "A plain request whose client went away is aborted within a second, its blocks freed, counted as aborted."
     _wait_idle(server)
     before = _metric(server, "litellama_requests_total", endpoint="completions", outcome="aborted")
+    # 450 tokens is as long as the tiny model's 512 positions allow; a fast machine makes them in under a second,
+    # so the client leaves after 0.2 s: well before the answer, and after the server has read the request
     body = {"model": MODEL, "prompt": "a long one", "max_tokens": 450, "temperature": 0, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server + "/v1/completions", json=body, headers=AUTH, timeout=httpx.Timeout(30, read=1.0))
+        httpx.post(server + "/v1/completions", json=body, headers=AUTH, timeout=httpx.Timeout(30, read=0.2))
     t = time.perf_counter()
     while True:
         h = _health(server)

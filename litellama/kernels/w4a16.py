@@ -478,12 +478,12 @@ DEFAULTS = {
 
 # %% ../../kernels_nb/13_w4a16.ipynb #b7257288
 # (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200
-# (benchmarks_nb/gpu/w4.py prints them); Qwen3-8B, group 128
+# (benchmarks_nb/gpu/w4.py prints them; the one-row tiles from w4_gemv_tiles_4535425.json); Qwen3-8B, group 128
 TUNED: dict = {
-    (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=9),
+    (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=128, BLOCK_K=256, num_warps=4, num_stages=1, SPLIT_K=9),
     (24576, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=1, SPLIT_K=2),
-    (4096, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=1, SPLIT_K=9),
-    (6144, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, SPLIT_K=6),
+    (4096, 4096, 1): dict(PATH="gemv", BLOCK_N=128, BLOCK_K=256, num_warps=4, num_stages=1, SPLIT_K=9),
+    (6144, 4096, 1): dict(PATH="gemv", BLOCK_N=128, BLOCK_K=256, num_warps=4, num_stages=1, SPLIT_K=6),
 }
 
 # %% ../../kernels_nb/13_w4a16.ipynb #c1e0a1fd
