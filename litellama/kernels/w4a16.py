@@ -624,6 +624,7 @@ _MAGIC = {
     torch.bfloat16: (0x4300, 128.0),
     torch.float32: (0, 0.0),
 }  # bits of 2^10, 2^7
+_F32_MAGIC = 0x4B000000  # bits of the float 2^23 (8388608.0): the one-row kernel's codes sit under its exponent
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #3b53e1f0
@@ -679,7 +680,7 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
         if bk < 32:
             raise ValueError(f"BLOCK_K {bk}: the gemv path takes steps of whole runs, at least 32")
         asm = device.type == "cuda"
-        consts = dict(BLOCK_N=bn, RUNS=bk // 32, WORD_GROUPS=group_size % 32 != 0, ASM=asm, magic=0x4B000000)
+        consts = dict(BLOCK_N=bn, RUNS=bk // 32, WORD_GROUPS=group_size % 32 != 0, ASM=asm, magic=_F32_MAGIC)
         return "gemv", (M, triton.cdiv(N, bn), splits), kps, splits, consts, opts
     consts = _tensor_core_consts(path, group_size, dtype, device, cfg)
     return path, (triton.cdiv(M, cfg["BLOCK_M"]), triton.cdiv(N, bn), splits), kps, splits, consts, opts
