@@ -28,8 +28,9 @@ LIMIT_S = 1e9 if DRY else 135.0  # no part starts past its own deadline; nothing
 NW, NS = (1, 1) if DRY else (4, 4)  # the launch configs' default warps and stages
 
 
-def gemv(bn, bk, nw=NW, ns=NS):
-    return dict(PATH="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+def gemv(bn, bk, nw=NW, ns=NS, prefetch=False):
+    cfg = dict(PATH="gemv", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+    return {**cfg, "PREFETCH": True} if prefetch else cfg
 
 
 def dot(bm, bn, bk, nw=NW, ns=NS):
@@ -48,7 +49,7 @@ if DRY:
     SHAPES = {"qkv": (64, 96), "o": (64, 64), "gate_up": (64, 192), "down": (128, 64)}  # name: (K, N)
     GROUP, DTYPE, CHECK_DTYPES, L2_BYTES, MS = 32, torch.float16, (torch.float16,), 0, (1, 4, 16, 64)
     SWEEP = {
-        1: [gemv(16, 32), gemv(32, 64), dot(16, 16, 32), pair(16, 16, 32)],
+        1: [gemv(16, 32), gemv(32, 64), gemv(16, 64, prefetch=True), dot(16, 16, 32), pair(16, 16, 32)],
         4: [dot(16, 16, 32), gemv(16, 64), pair(16, 32, 32)],
         16: [dot(16, 32, 32), pair(16, 16, 32)],
         64: [deq(16, 4), dot(32, 16, 32), pair(32, 16, 32)],
@@ -77,15 +78,17 @@ else:
     PAIR_CHECK = [pair(16, 64, 128), pair(16, 64, 128, asm=False), pair(64, 128, 128, 8, 3)]
     SWEEP = {
         1: [
+            gemv(64, 512, 4, 1),
             gemv(64, 256, 4, 1),
             gemv(128, 256, 4, 1),
-            gemv(128, 256, 8, 1),
-            gemv(64, 512, 4, 1),
-            gemv(32, 256, 4, 1),
-            gemv(32, 512, 4, 2),
-            gemv(64, 256),
+            gemv(64, 1024, 8, 1),
+            gemv(32, 512, 4, 1),
             gemv(128, 512, 8, 1),
-            gemv(64, 512, 8, 3),
+            gemv(64, 512, 4, 2),
+            gemv(64, 512, 4, 1, prefetch=True),
+            gemv(64, 256, 4, 1, prefetch=True),
+            gemv(64, 1024, 8, 1, prefetch=True),
+            gemv(32, 512, 4, 1, prefetch=True),
             dot(16, 64, 128),
             dot(16, 128, 128, 4, 3),
         ],
@@ -306,11 +309,12 @@ def sweep(ms, deadline):
                 if late(deadline):
                     break
                 c = None if cfg is None else with_split(cfg, M, N, K)
-                for split_mult in (1,) if c is None or c["PATH"] == "dequant" else (1, 2):
+                mults = (0.5, 1, 2) if c is not None and c["PATH"] == "gemv" else (1, 2)
+                for split_mult in (1,) if c is None or c["PATH"] == "dequant" else mults:
                     cc = (
                         None
                         if c is None
-                        else {**c, "SPLIT_K": c.get("SPLIT_K", 1) * split_mult}
+                        else {**c, "SPLIT_K": max(1, int(c.get("SPLIT_K", 1) * split_mult))}
                         if "SPLIT_K" in c
                         else c
                     )

@@ -16,6 +16,7 @@ __all__ = [
     "gptq_pack",
     "gptq_unpack",
     "dequantize",
+    "run_order",
     "to_kernel_layout",
     "w4a16_linear_ref",
     "w4a16_linear",
@@ -109,12 +110,24 @@ def dequantize(codes, zeros, scales, g_idx) -> torch.Tensor:
     return (codes.float() - zeros.float()[g_idx]) * scales.float()[g_idx]
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #w4runs01
+def run_order(c: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """`[N, K]` values in input order put in the kernel's order, where in each run of 32 inputs position `8i + j`
+    holds input `4j + i` (`inverse`: back to input order)."""
+    N, K = c.shape
+    if K % 32:
+        raise ValueError(f"the 4-bit kernel layout takes whole runs of 32 inputs, got {K} input features")
+    return c.reshape(N, K // 32, *((4, 8) if inverse else (8, 4))).transpose(-1, -2).reshape(N, K)
+
+
 # %% ../../kernels_nb/13_w4a16.ipynb #6dbc5603
 def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
-    """`(qweight [out, in/8], scales [out, G], zeros [out, G], group_size, perm or None)`: rows sorted by group,
-    `perm` to gather `x` by; scales and zeros in `dtype` (default: the scales')."""
+    """`(qweight [out, in/8], scales [out, G], zeros [out, G], group_size, perm or None)`: rows sorted by group and
+    packed in runs, `perm` to gather `x` by; scales and zeros in `dtype` (default: the scales')."""
     dtype = dtype or scales.dtype
     K, G = codes.shape[0], scales.shape[0]
+    if K % 32:
+        raise ValueError(f"the 4-bit kernel layout takes whole runs of 32 inputs, got {K} input features")
     g_idx = g_idx.long().to(codes.device)
     if g_idx.shape != (K,):
         raise ValueError(f"g_idx has shape {tuple(g_idx.shape)}, expected ({K},)")
@@ -130,7 +143,7 @@ def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
             raise ValueError(f"g_idx does not put {group} input rows in each of the {G} groups")
         codes = codes[perm]
     return (
-        pack_int4(codes.t(), 1),
+        pack_int4(run_order(codes.t()), 1),
         scales.t().to(dtype).contiguous(),
         zeros.t().to(dtype).contiguous(),
         group,
@@ -150,7 +163,7 @@ def w4a16_linear_ref(x, qweight, scales, zeros, group_size: int, perm=None, bias
     if perm is not None:
         x2 = x2.index_select(1, perm.long())
     g = torch.arange(K, device=x.device) // group_size
-    w = (unpack_int4(qweight, 1).float() - zeros.float()[:, g]) * scales.float()[:, g]
+    w = (run_order(unpack_int4(qweight, 1), inverse=True).float() - zeros.float()[:, g]) * scales.float()[:, g]
     y = x2.float() @ w.t()
     if bias is not None:
         y = y + bias.float()
@@ -213,7 +226,8 @@ def _w4_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     PARTIAL: tl.constexpr,
     ASM: tl.constexpr,
-    WORD_GROUPS: tl.constexpr,
+    HALF_GROUPS: tl.constexpr,
+    PREFETCH: tl.constexpr,
     BLOCK_N: tl.constexpr,
     RUNS: tl.constexpr,
 ):
@@ -222,37 +236,58 @@ def _w4_gemv_kernel(
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rr = tl.arange(0, RUNS)[:, None, None]
-    rw = tl.arange(0, 4)[None, None, :]
-    n_mask = rn < N
-    n3 = n_mask[None, :, None]
+    ri = tl.arange(0, 4)[None, None, :]
+    rows = tl.minimum(rn, N - 1).to(tl.int64)[None, :, None]  # rows past N read row N - 1, and are not stored
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_row = x_ptr + pid_m.to(tl.int64) * s_xm
-    w_rows = qw_ptr + rn.to(tl.int64)[None, :, None] * (K // 8)
-    g_rows = rn.to(tl.int64)[None, :, None] * G
+    w_rows = qw_ptr + rows * tl.multiple_of(K // 8, 4)  # whole runs: every row starts 16-byte aligned
+    g_rows = rows * G
+    last = k_hi // 32 - 1  # the slice's last run
     acc = tl.zeros([RUNS, BLOCK_N, 4], dtype=tl.float32)
+    if PREFETCH:  # the first step's words, before the loop
+        nxt = tl.load(w_rows + tl.minimum(k_lo // 32 + rr, last) * 4 + ri)
     for k0 in range(k_lo, k_hi, RUNS * 32):
-        kw = k0 // 8 + rr * 4 + rw  # [RUNS, 1, 4] word columns
-        kw_mask = kw < k_hi // 8
-        words = tl.load(w_rows + tl.max_contiguous(kw, [1, 1, 1]), mask=n3 & kw_mask, other=0)  # x's layout
+        kr = k0 + rr * 32  # the first input of each run
+        run = tl.minimum(k0 // 32 + rr, last)  # runs past the slice read its last one, against x = 0
+        if PREFETCH:  # this step's words came a step ahead; the next step's are loaded before this arithmetic
+            words = nxt
+            nxt = tl.load(w_rows + tl.minimum(run + RUNS, last) * 4 + ri)
+        else:
+            words = tl.load(w_rows + run * 4 + ri)
         high = _high_half(words, ASM)
-        if WORD_GROUPS:  # each word its own group
-            g_off, g_mask = g_rows + kw * 8 // group_size, n3 & kw_mask
-        else:  # each run inside one group
-            g_off, g_mask = g_rows + (k0 + rr * 32) // group_size, n3 & (k0 + rr * 32 < k_hi)
-        s = tl.load(s_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g_off, mask=g_mask, other=0.0).to(tl.float32)
+        g_off = g_rows + run * 32 // group_size  # one int64 offset per row, not a pointer per row and tensor
+        s = tl.load(s_ptr + g_off).to(tl.float32)
+        z = tl.load(z_ptr + g_off).to(tl.float32)
+        z_hi = z
+        if HALF_GROUPS:  # the high half-words (inputs 16..31 of a run) in a group of their own
+            g_hi = g_rows + (run * 32 + 16) // group_size
+            s_hi = tl.load(s_ptr + g_hi).to(tl.float32)
+            z_hi = tl.load(z_ptr + g_hi).to(tl.float32)
         for j in tl.static_range(8):
             sh = 4 * (j % 4)
-            bits = ((words if j < 4 else high) & (0xF << sh)) | magic  # the float 2^23 + q 2^sh
-            qz = bits.to(tl.float32, bitcast=True) - (z * (1 << sh) + 8388608.0)  # (q - z) 2^sh, exact
-            xj = tl.load(x_row + kw * 8 + j, mask=kw_mask, other=0.0).to(tl.float32) * (1.0 / (1 << sh))
+            bits = ((words if j < 4 else high) & (0xF << sh)) | (magic - (sh << 23))  # the float 2^(23-sh) + q
+            qz = bits.to(tl.float32, bitcast=True) - ((z if j < 4 else z_hi) + 8388608.0 / (1 << sh))  # q - z
+            xj = tl.load(x_row + kr + 4 * j + ri, mask=kr < k_hi, other=0.0).to(tl.float32)  # inputs 4j .. 4j + 3
             if j == 0:
                 dot = qz * xj
+            elif j == 4 and HALF_GROUPS:
+                dot_hi = qz * xj
+            elif j > 4 and HALF_GROUPS:
+                dot_hi += qz * xj
             else:
                 dot += qz * xj
         acc += s * dot
-    _store_row(out_ptr, b_ptr, tl.sum(tl.sum(acc, axis=2), axis=0), pid_m, rn, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
+        if HALF_GROUPS:
+            acc += s_hi * dot_hi
+    _store_row(out_ptr, b_ptr, tl.sum(tl.sum(acc, axis=2), axis=0), pid_m, rn, rn < N, pid_k, M, N, HAS_BIAS, PARTIAL)
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #w4runs03
+@triton.jit
+def _int16_input(kc, j: tl.constexpr):
+    "The input that nibble `j` of int16 column `kc` holds in the run order: word `kc // 2`, nibble `4 (kc % 2) + j`."
+    return (kc // 8) * 32 + (kc % 2) * 16 + 4 * j + (kc // 2) % 4
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #026fbc5f
@@ -264,7 +299,7 @@ def _group_sz(s_ptr, z_ptr, rn, n_mask, kc, c_mask, k0, G, group_size, FACTORED:
         s = tl.load(s_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
     else:  # a group per column
-        g_off = rn.to(tl.int64)[:, None] * G + ((kc * 4) // group_size)[None, :]
+        g_off = rn.to(tl.int64)[:, None] * G + (_int16_input(kc, 0) // group_size)[None, :]
         s = tl.load(s_ptr + g_off, mask=n_mask[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g_off, mask=n_mask[:, None] & c_mask[None, :], other=0.0).to(tl.float32)
     return s, z
@@ -342,7 +377,7 @@ def _w4_dot_kernel(
         part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         xs = tl.zeros([BLOCK_M], dtype=tl.float32)
         for j in tl.static_range(4):
-            xj = tl.load(x_cols + (kc * 4 + j)[:, None], mask=c_mask[:, None] & m_mask[None, :], other=0.0)
+            xj = tl.load(x_cols + _int16_input(kc, j)[:, None], mask=c_mask[:, None] & m_mask[None, :], other=0.0)
             w = _nibble_operand(h, j, s, z, xj, FACTORED, MAGIC, MAGIC_VAL)
             part = _dot_acc(w, xj, part, IEEE)
             if FACTORED:
@@ -359,19 +394,24 @@ def _w4_dot_kernel(
 def _w4_dequant_kernel(
     qw_ptr, s_ptr, z_ptr, out_ptr, N, K, G, group_size, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr
 ):
-    "`out [N, K] = (q - z) · s` in `out`'s dtype, for a 16-bit matrix multiply of many rows."
+    "`out [N, K] = (q - z) · s` in `out`'s dtype and in input order, for a 16-bit matrix multiply of many rows."
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     kw = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
     j = tl.arange(0, 8)
     mask = (rn < N)[:, None] & (kw < K // 8)[None, :]
-    words = tl.load(qw_ptr + rn.to(tl.int64)[:, None] * (K // 8) + kw[None, :], mask=mask, other=0)
-    g_off = rn.to(tl.int64)[:, None] * G + ((kw * 8) // group_size)[None, :]
-    s = tl.load(s_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
+    row = rn.to(tl.int64)[:, None]
+    words = tl.load(qw_ptr + row * (K // 8) + kw[None, :], mask=mask, other=0)
+    run0 = (kw // 4 * 32)[None, :]  # the first input of each word's run
+    s_lo = tl.load(s_ptr + row * G + run0 // group_size, mask=mask, other=0.0).to(tl.float32)
+    z_lo = tl.load(z_ptr + row * G + run0 // group_size, mask=mask, other=0.0).to(tl.float32)
+    s_hi = tl.load(s_ptr + row * G + (run0 + 16) // group_size, mask=mask, other=0.0).to(tl.float32)  # nibbles 4..7
+    z_hi = tl.load(z_ptr + row * G + (run0 + 16) // group_size, mask=mask, other=0.0).to(tl.float32)
+    hi = (j >= 4)[None, None, :]
     q = ((words[:, :, None] >> (4 * j)[None, None, :]) & 0xF).to(tl.float32)
-    w = (q - z[:, :, None]) * s[:, :, None]
-    offs = rn.to(tl.int64)[:, None, None] * K + (kw * 8)[None, :, None] + j[None, None, :]
-    tl.store(out_ptr + offs, w.to(out_ptr.dtype.element_ty), mask=mask[:, :, None])
+    w = (q - tl.where(hi, z_hi[:, :, None], z_lo[:, :, None])) * tl.where(hi, s_hi[:, :, None], s_lo[:, :, None])
+    w = tl.reshape(tl.permute(tl.reshape(w, [BLOCK_N, BLOCK_W // 4, 4, 8]), [0, 1, 3, 2]), [BLOCK_N, BLOCK_W * 8])
+    k = tl.program_id(1) * BLOCK_W * 8 + tl.arange(0, BLOCK_W * 8)  # back in input order: 4j + i of each run
+    tl.store(out_ptr + row * K + k[None, :], w.to(out_ptr.dtype.element_ty), mask=(rn < N)[:, None] & (k < K)[None, :])
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #w4pair01
@@ -436,12 +476,13 @@ def _w4_pair_kernel(
         g_off = rn.to(tl.int64) * G + k0 // group_size
         s = tl.load(s_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
-        l0, h0 = _pair_halves(((words >> 0) & 0x000F000F) | magic2, xt, ASM)  # inputs 8w + 0 and 8w + 4
+        l0, h0 = _pair_halves(((words >> 0) & 0x000F000F) | magic2, xt, ASM)  # nibbles 0 and 4 of each word
         l1, h1 = _pair_halves(((words >> 4) & 0x000F000F) | magic2, xt, ASM)
         l2, h2 = _pair_halves(((words >> 8) & 0x000F000F) | magic2, xt, ASM)
         l3, h3 = _pair_halves(((words >> 12) & 0x000F000F) | magic2, xt, ASM)
         w = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
-        w = tl.reshape(w, [BLOCK_N, BLOCK_K])  # dims [.., half, j bit 1, j bit 0]: column 4 half + j, input order
+        w = tl.reshape(w, [BLOCK_N, BLOCK_K // 32, 4, 8])  # dims [.., run, word i, nibble j]: input 32 run + 4j + i
+        w = tl.reshape(tl.permute(w, [0, 1, 3, 2]), [BLOCK_N, BLOCK_K])  # columns in input order
         part = tl.dot(w, xt)
         xs = tl.sum(xt.to(tl.float32), axis=0)
         acc += s[:, None] * (part - (z + MAGIC_VAL)[:, None] * xs[None, :])
@@ -454,7 +495,7 @@ DEFAULTS = {
         gemv_max_m=1,
         dot_max_m=16,
         dequant_min_m=17,  # from 17 rows, dequantize then cuBLAS
-        gemv=dict(BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4),
+        gemv=dict(BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1),
         dot=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
         prefill=dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3),
         dequant=dict(BLOCK_N=16, BLOCK_W=64, num_warps=4),
@@ -478,12 +519,12 @@ DEFAULTS = {
 
 # %% ../../kernels_nb/13_w4a16.ipynb #b7257288
 # (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200
-# (benchmarks_nb/gpu/w4.py prints them; the one-row tiles from w4_gemv_tiles_4535425.json); Qwen3-8B, group 128
+# (benchmarks_nb/gpu/w4.py prints them: w4.json); Qwen3-8B, group 128
 TUNED: dict = {
-    (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=128, BLOCK_K=256, num_warps=4, num_stages=1, SPLIT_K=9),
-    (24576, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=1, SPLIT_K=2),
-    (4096, 4096, 1): dict(PATH="gemv", BLOCK_N=128, BLOCK_K=256, num_warps=4, num_stages=1, SPLIT_K=9),
-    (6144, 4096, 1): dict(PATH="gemv", BLOCK_N=128, BLOCK_K=256, num_warps=4, num_stages=1, SPLIT_K=6),
+    (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1, SPLIT_K=4, PREFETCH=True),
+    (24576, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=1024, num_warps=8, num_stages=1, SPLIT_K=1, PREFETCH=True),
+    (4096, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1, SPLIT_K=4),
+    (6144, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=2, SPLIT_K=6),
 }
 
 # %% ../../kernels_nb/13_w4a16.ipynb #c1e0a1fd
@@ -597,6 +638,8 @@ def _check(x, qweight, scales, zeros, group_size, bias):
     N, K = qweight.shape[0], qweight.shape[1] * 8
     if x.shape[-1] != K:
         raise ValueError(f"x has {x.shape[-1]} features, the 4-bit weight takes {K}")
+    if K % 32:
+        raise ValueError(f"the 4-bit weight has {K} input features: the kernel layout takes whole runs of 32")
     if qweight.dtype != torch.int32 or not qweight.is_contiguous():
         raise ValueError(f"qweight must be contiguous int32, got {qweight.dtype}")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -630,7 +673,10 @@ _F32_MAGIC = 0x4B000000  # bits of the float 2^23 (8388608.0): the one-row kerne
 # %% ../../kernels_nb/13_w4a16.ipynb #3b53e1f0
 def _dequant_plan(N, K, cfg):
     "The plan of the dequantize-then-GEMM path: one program per `BLOCK_N` rows and `BLOCK_W` words."
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(K // 8, cfg["BLOCK_W"]))
+    bw = cfg["BLOCK_W"]
+    if bw < 4 or bw & (bw - 1):
+        raise ValueError(f"BLOCK_W {bw}: the dequantize path takes whole runs, a power of two of at least 4 words")
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(K // 8, bw))
     consts = dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"])
     return "dequant", grid, 0, 1, consts, dict(num_warps=cfg.get("num_warps", 4))
 
@@ -671,16 +717,15 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
     if path not in ("gemv", "dot", "pair"):
         raise ValueError(f"W4A16 path '{path}': expected gemv, dot, pair or dequant")
     bk, bn = cfg["BLOCK_K"], cfg["BLOCK_N"]
-    if bk < 16 or bk & (bk - 1):
-        raise ValueError(f"BLOCK_K {bk} must be a power of two, at least 16")
+    if bk < 32 or bk & (bk - 1):
+        raise ValueError(f"BLOCK_K {bk} must be a power of two, at least 32 (whole runs)")
     kps = triton.cdiv(triton.cdiv(K, cfg.get("SPLIT_K", 1)), bk) * bk  # whole steps per slice
     splits = triton.cdiv(K, kps)
     opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if path == "gemv":
-        if bk < 32:
-            raise ValueError(f"BLOCK_K {bk}: the gemv path takes steps of whole runs, at least 32")
         asm = device.type == "cuda"
-        consts = dict(BLOCK_N=bn, RUNS=bk // 32, WORD_GROUPS=group_size % 32 != 0, ASM=asm, magic=_F32_MAGIC)
+        consts = dict(BLOCK_N=bn, RUNS=bk // 32, HALF_GROUPS=group_size % 32 != 0, ASM=asm, magic=_F32_MAGIC)
+        consts["PREFETCH"] = bool(cfg.get("PREFETCH", False))
         return "gemv", (M, triton.cdiv(N, bn), splits), kps, splits, consts, opts
     consts = _tensor_core_consts(path, group_size, dtype, device, cfg)
     return path, (triton.cdiv(M, cfg["BLOCK_M"]), triton.cdiv(N, bn), splits), kps, splits, consts, opts
