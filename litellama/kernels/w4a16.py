@@ -126,8 +126,6 @@ def to_kernel_layout(codes, zeros, scales, g_idx, dtype=None):
     packed in runs, `perm` to gather `x` by; scales and zeros in `dtype` (default: the scales')."""
     dtype = dtype or scales.dtype
     K, G = codes.shape[0], scales.shape[0]
-    if K % 32:
-        raise ValueError(f"the 4-bit kernel layout takes whole runs of 32 inputs, got {K} input features")
     g_idx = g_idx.long().to(codes.device)
     if g_idx.shape != (K,):
         raise ValueError(f"g_idx has shape {tuple(g_idx.shape)}, expected ({K},)")
@@ -677,7 +675,7 @@ def _dequant_plan(N, K, cfg):
     if bw < 4 or bw & (bw - 1):
         raise ValueError(f"BLOCK_W {bw}: the dequantize path takes whole runs, a power of two of at least 4 words")
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(K // 8, bw))
-    consts = dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_W=cfg["BLOCK_W"])
+    consts = dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_W=bw)
     return "dequant", grid, 0, 1, consts, dict(num_warps=cfg.get("num_warps", 4))
 
 
