@@ -452,9 +452,41 @@ def test_w4a16_every_path_against_reference(group):
         cfgs += [dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2)]
         if group % 128 == 0:
             cfgs += [dict(PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=3)]
+        if group % 128 == 0 and K % 256 == 0 and M <= 16 and W._is_hopper(torch.device("cuda")):
+            cfgs += [dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=K // 2, num_warps=8)]
+            cfgs += [dict(PATH="wgmma", BLOCK_N=64, K_SPLIT=K, num_warps=4)]
         for dtype in (torch.bfloat16, torch.float16):
             x = torch.randn(M, K, device="cuda").to(dtype)
             want = W.w4a16_linear_ref(x.float(), qw, s.float(), z.float(), grp)
             for cfg in cfgs:
                 got = W.w4a16_linear(x, qw, s, z, grp, config=cfg).float()
                 assert rel_err(got, want) < (1e-2 if dtype == torch.bfloat16 else 2e-3), (M, K, N, dtype, cfg)
+
+
+def test_w4a16_wgmma_in_a_graph():
+    "The sm_90 path by the rule, split K: CUDA-graph replays on fresh x give the reference, and leave its counters at zero."
+    from litellama.kernels import w4a16 as W
+    from litellama.kernels import w4a16_hopper as H
+
+    if not W._is_hopper(torch.device("cuda")):
+        pytest.skip("the wgmma path needs an sm_90 GPU")
+    g = torch.Generator().manual_seed(7)
+    K, N = 4096, 1000
+    codes, zeros = torch.randint(0, 16, (K, N), generator=g), torch.randint(0, 16, (K // 128, N), generator=g)
+    scales = (torch.rand(K // 128, N, generator=g) * 0.004 + 0.001).half()
+    qw, s, z, grp, _ = W.to_kernel_layout(codes.cuda(), zeros.cuda(), scales.cuda(), torch.arange(K, device="cuda") // 128)
+    x = torch.randn(8, K, device="cuda").bfloat16()
+    b = torch.randn(N, device="cuda").bfloat16()
+    assert W._config(8, N, K, grp, "cuda", W._num_sms(x.device), x.dtype, True)["PATH"] == "wgmma"
+    run = lambda: W.w4a16_linear(x, qw, s, z, grp, bias=b)
+    out = run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        want = W.w4a16_linear_ref(x.float(), qw, s.float(), z.float(), grp, bias=b.float())
+        assert rel_err(out.float(), want) < 1e-2
+    torch.cuda.synchronize()
+    assert int(H._COUNTERS[x.device].abs().sum()) == 0

@@ -32,6 +32,11 @@ import triton.language as tl
 
 from .linear import _split_sum_kernel
 
+try:  # the Hopper path, written in Gluon: absent where Triton has no Gluon
+    from litellama.kernels import w4a16_hopper as _hopper
+except ImportError:
+    _hopper = None
+
 # %% ../../kernels_nb/13_w4a16.ipynb #137779b6
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds element AWQ_ORDER[i] of its eight
 
@@ -493,6 +498,7 @@ DEFAULTS = {
         gemv_max_m=1,
         dot_max_m=16,
         dequant_min_m=17,  # from 17 rows, dequantize then cuBLAS
+        wgmma=dict(BLOCK_N=64, K_SPLIT=512, num_warps=4),  # sm_90, 1 to 16 rows (13b_w4a16_hopper)
         gemv=dict(BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1),
         dot=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
         prefill=dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3),
@@ -519,50 +525,34 @@ DEFAULTS = {
 # (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200
 # (benchmarks_nb/gpu/w4.py prints them: w4.json); Qwen3-8B, group 128
 TUNED: dict = {
-    (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1, SPLIT_K=4, PREFETCH=True),
-    (24576, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=1024, num_warps=8, num_stages=1, SPLIT_K=1, PREFETCH=True),
-    (4096, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1, SPLIT_K=4),
+    (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1, SPLIT_K=4),
+    (24576, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1, SPLIT_K=1, PREFETCH=True),
+    (4096, 4096, 1): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=512, num_warps=8),
     (6144, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=2, SPLIT_K=6),
 }
 
 # %% ../../kernels_nb/13_w4a16.ipynb #c1e0a1fd
 TUNED |= {
-    (4096, 12288, 4): dict(
-        PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=18
-    ),
-    (24576, 4096, 4): dict(
-        PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=4
-    ),
+    (4096, 12288, 4): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=1024, num_warps=4),
+    (24576, 4096, 4): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=1024, num_warps=4),
 }
 
 # %% ../../kernels_nb/13_w4a16.ipynb #24137196
 TUNED |= {
-    (4096, 4096, 4): dict(
-        PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=9
-    ),
-    (6144, 4096, 4): dict(
-        PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=6
-    ),
+    (4096, 4096, 4): dict(PATH="wgmma", BLOCK_N=64, K_SPLIT=512, num_warps=4),
+    (6144, 4096, 4): dict(PATH="wgmma", BLOCK_N=64, K_SPLIT=1024, num_warps=4),
 }
 
 # %% ../../kernels_nb/13_w4a16.ipynb #cb91e33b
 TUNED |= {
-    (4096, 12288, 16): dict(
-        PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=18
-    ),
-    (24576, 4096, 16): dict(
-        PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=4
-    ),
+    (4096, 12288, 16): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=1024, num_warps=4),
+    (24576, 4096, 16): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=1024, num_warps=4),
 }
 
 # %% ../../kernels_nb/13_w4a16.ipynb #5954c236
 TUNED |= {
-    (4096, 4096, 16): dict(
-        PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=9
-    ),
-    (6144, 4096, 16): dict(
-        PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=6
-    ),
+    (4096, 4096, 16): dict(PATH="wgmma", BLOCK_N=64, K_SPLIT=512, num_warps=4),
+    (6144, 4096, 16): dict(PATH="wgmma", BLOCK_N=64, K_SPLIT=1024, num_warps=4),
 }
 
 # %% ../../kernels_nb/13_w4a16.ipynb #893c3f74
@@ -602,9 +592,17 @@ def _split(tiles: int, K: int, d: dict, num_sms: int) -> int:
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #4c530615
-def _rule(M: int, N: int, K: int, group_size: int, device_type: str = "cuda", num_sms: int = 132) -> dict:
-    "The built-in launch parameters for `x [M, K]` times a 4-bit `[K, N]` weight with groups of `group_size`."
+def _rule(
+    M: int, N: int, K: int, group_size: int, device_type: str = "cuda", num_sms: int = 132, hopper: bool = False
+) -> dict:
+    """The built-in launch parameters for `x [M, K]` times a 4-bit `[K, N]` weight with groups of `group_size`;
+    `hopper`: the warpgroup-MMA path applies (sm_90, 16-bit `x`)."""
     d = DEFAULTS["cuda" if device_type == "cuda" else "interpret"]
+    if hopper and d["gemv_max_m"] < M <= d["dot_max_m"]:  # one row: the GEMV unless TUNED says otherwise
+        cfg = dict(PATH="wgmma", **d["wgmma"])
+        cfg["K_SPLIT"] = _hopper.k_split(K, group_size, cfg["K_SPLIT"])
+        if cfg["K_SPLIT"]:
+            return cfg
     if M >= d["dequant_min_m"]:
         return dict(PATH="dequant", **d["dequant"])
     if M <= d["gemv_max_m"]:
@@ -622,13 +620,17 @@ def _bucket(M: int) -> int:
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #f7a8b9ad
-def _config(M: int, N: int, K: int, group_size: int, device_type: str, num_sms: int, dtype=torch.bfloat16) -> dict:
+def _config(
+    M: int, N: int, K: int, group_size: int, device_type: str, num_sms: int, dtype=torch.bfloat16, hopper=False
+) -> dict:
     """The tuned entry for this shape and M bucket where there is one and it applies (the pair path: 16-bit `x`,
-    steps inside a group), else the rule."""
+    steps inside a group; the wgmma path: `hopper` and a slice it takes), else the rule."""
     tuned = TUNED.get((N, K, _bucket(M))) if device_type == "cuda" else None
     if tuned and tuned.get("PATH") == "pair" and (dtype == torch.float32 or group_size % tuned["BLOCK_K"]):
         tuned = None
-    return dict(tuned) if tuned else _rule(M, N, K, group_size, device_type, num_sms)
+    if tuned and tuned.get("PATH") == "wgmma" and not (hopper and _hopper.k_split(K, group_size, tuned["K_SPLIT"])):
+        tuned = None
+    return dict(tuned) if tuned else _rule(M, N, K, group_size, device_type, num_sms, hopper)
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #181638e8
@@ -657,6 +659,12 @@ def _check(x, qweight, scales, zeros, group_size, bias):
 @functools.lru_cache
 def _num_sms(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+
+
+@functools.lru_cache
+def _is_hopper(device) -> bool:
+    "Whether `device` runs the warpgroup-MMA path: an sm_90 GPU, and Gluon to write it in."
+    return _hopper is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #3529f6d1
@@ -712,8 +720,12 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
     path = cfg.get("PATH", "gemv")
     if path == "dequant":
         return _dequant_plan(N, K, cfg)
+    if path == "wgmma":
+        if _hopper is None:
+            raise ValueError("the wgmma path needs Triton's Gluon, which this Triton lacks")
+        return "wgmma", None, cfg["K_SPLIT"], K // cfg["K_SPLIT"], _hopper.consts(M, K, group_size, dtype, cfg), {}
     if path not in ("gemv", "dot", "pair"):
-        raise ValueError(f"W4A16 path '{path}': expected gemv, dot, pair or dequant")
+        raise ValueError(f"W4A16 path '{path}': expected gemv, dot, pair, wgmma or dequant")
     bk, bn = cfg["BLOCK_K"], cfg["BLOCK_N"]
     if bk < 32 or bk & (bk - 1):
         raise ValueError(f"BLOCK_K {bk} must be a power of two, at least 32 (whole runs)")
@@ -738,7 +750,8 @@ def _new_plan(key, x, qweight, scales, zeros, group_size, bias, config):
     "The plan of a shape not seen before (kept unless `config` is given), after checking the arguments."
     _check(x, qweight, scales, zeros, group_size, bias)
     M, N, K = key[:3]
-    cfg = {**_config(M, N, K, group_size, x.device.type, _num_sms(x.device), x.dtype), **(config or {})}
+    hopper = _is_hopper(x.device) and x.dtype in (torch.float16, torch.bfloat16)
+    cfg = {**_config(M, N, K, group_size, x.device.type, _num_sms(x.device), x.dtype, hopper), **(config or {})}
     plan = _plan(M, N, K, group_size, x.dtype, x.device, cfg)
     if config is None:
         if len(_PLANS) > 4096:
@@ -806,6 +819,8 @@ def w4a16_linear(x, qweight, scales, zeros, group_size: int, perm=None, bias=Non
     if M == 0 or N == 0:
         return x2.new_empty(M, N).reshape(*x.shape[:-1], N)
     path, grid, _, _, consts, opts = plan
+    if path == "wgmma":  # sm_90: the weight straight into the warpgroup MMA's registers
+        return _hopper.w4a16_wgmma(x2, qweight, scales, zeros, bias, **consts).reshape(*x.shape[:-1], N)
     if path == "dequant":  # many rows: a 16-bit weight once, then the 16-bit GEMM
         w = torch.empty(N, K, dtype=x.dtype, device=x.device)
         _w4_dequant_kernel[grid](qweight, scales, zeros, w, N, K, K // group_size, group_size, **consts, **opts)
