@@ -264,6 +264,8 @@ _COUNTERS: dict = {}  # device -> int32 counters, one per column tile, zero betw
 def _counters(device, tiles: int) -> torch.Tensor:
     c = _COUNTERS.get(device)
     if c is None or c.numel() < tiles:
+        if torch.cuda.is_current_stream_capturing():  # a graph's pool must not hold them
+            raise RuntimeError("the wgmma path allocates its counters on its first call: run it once before capture")
         c = _COUNTERS[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
     return c
 
