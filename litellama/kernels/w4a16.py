@@ -723,7 +723,10 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
     if path == "wgmma":
         if _hopper is None:
             raise ValueError("the wgmma path needs Triton's Gluon, which this Triton lacks")
-        return "wgmma", None, cfg["K_SPLIT"], K // cfg["K_SPLIT"], _hopper.consts(M, K, group_size, dtype, cfg), {}
+        consts = _hopper.consts(M, K, group_size, dtype, {**DEFAULTS["cuda"]["wgmma"], **cfg})
+        magic, magic_val = _MAGIC[dtype]
+        consts |= dict(magic2=magic * 0x10001, MAGIC_VAL=magic_val)
+        return "wgmma", None, consts["K_SPLIT"], K // consts["K_SPLIT"], consts, {}
     if path not in ("gemv", "dot", "pair"):
         raise ValueError(f"W4A16 path '{path}': expected gemv, dot, pair, wgmma or dequant")
     bk, bn = cfg["BLOCK_K"], cfg["BLOCK_N"]

@@ -222,7 +222,6 @@ def _w4_wgmma_kernel(
 
 
 # %% ../../kernels_nb/13b_w4a16_hopper.ipynb #hop19
-_MAGIC = {torch.float16: (0x6400, 1024.0), torch.bfloat16: (0x4300, 128.0)}  # bits and value of 2^10, 2^7
 MAX_M = 16  # rows of x: the MMA's N
 
 
@@ -239,13 +238,14 @@ def k_split(K: int, group_size: int, want: int) -> int:
 
 # %% ../../kernels_nb/13b_w4a16_hopper.ipynb #hop21
 def consts(M: int, K: int, group_size: int, dtype, cfg: dict) -> dict:
-    "The launch constants of `w4a16_wgmma` for `cfg`, after checking that it applies."
+    "`BLOCK_N`, `K_SPLIT` and `num_warps` of `cfg`, the launch constants of `w4a16_wgmma`, once checked."
     if M > MAX_M:
         raise ValueError(f"the wgmma path takes at most {MAX_M} rows of x, got {M}")
-    if dtype not in _MAGIC:
+    if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"the wgmma path takes fp16 or bf16 activations, got {dtype}")
-    c = dict(BLOCK_N=64, K_SPLIT=512, num_warps=4)
-    c |= {k: cfg[k] for k in c if k in cfg}
+    if missing := [k for k in ("BLOCK_N", "K_SPLIT", "num_warps") if k not in cfg]:
+        raise ValueError(f"the wgmma path's configuration lacks {', '.join(missing)}")
+    c = {k: cfg[k] for k in ("BLOCK_N", "K_SPLIT", "num_warps")}
     bn, nw = c["BLOCK_N"], c["num_warps"]
     if nw not in (4, 8) or bn % (16 * nw) or bn & (bn - 1):
         raise ValueError(f"BLOCK_N {bn}, {nw} warps: the wgmma path takes 4 or 8 warps, 16 rows each, a power of two")
@@ -270,14 +270,14 @@ def _counters(device, tiles: int) -> torch.Tensor:
     return c
 
 
-def w4a16_wgmma(x, qweight, scales, zeros, bias=None, BLOCK_N=64, K_SPLIT=512, num_warps=4):
-    "`x [M, K] @ W.T (+ bias)` for `M <= 16` and a 4-bit weight in the run layout, on Hopper's warpgroup MMA."
+def w4a16_wgmma(x, qweight, scales, zeros, bias=None, *, magic2, MAGIC_VAL, BLOCK_N, K_SPLIT, num_warps):
+    """`x [M, K] @ W.T (+ bias)` for `M <= 16` and a 4-bit weight in the run layout, on Hopper's warpgroup MMA;
+    the constants as `w4a16_linear`'s plan gives them: `consts`, and the magic number of `x`'s dtype."""
     (M, K), N, G = x.shape, qweight.shape[0], scales.shape[1]
     splits = K // K_SPLIT
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     part = torch.empty(splits, M, N, dtype=torch.float32, device=x.device) if splits > 1 else out
     grid = (triton.cdiv(N, BLOCK_N), splits)
-    magic, magic_val = _MAGIC[x.dtype]
     _w4_wgmma_kernel[grid](
         x,
         qweight,
@@ -292,10 +292,10 @@ def w4a16_wgmma(x, qweight, scales, zeros, bias=None, BLOCK_N=64, K_SPLIT=512, n
         K,
         G,
         x.stride(0),
-        magic * 0x10001,
+        magic2,
         HAS_BIAS=bias is not None,
         SPLIT=splits > 1,
-        MAGIC_VAL=magic_val,
+        MAGIC_VAL=MAGIC_VAL,
         BLOCK_N=BLOCK_N,
         K_SPLIT=K_SPLIT,
         GROUP=K // G,
