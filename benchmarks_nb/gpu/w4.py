@@ -2,7 +2,8 @@
 paths and launch configurations (the sm_90 warpgroup-MMA `wgmma` kernel, the two-codes-per-instruction `pair` tensor-core kernel,
 the phase-1 `gemv`/`dot`/`dequant` kernels) for M = 1, 4, 16, 64, 4096 on Qwen3-8B's projection shapes (AWQ layout, group 128) under
 CUDA-graph replay with the weights rotated beyond L2, against the bf16 GEMM (cuBLAS and litellama's skinny kernel) in the same
-run, printing the best per shape and a `TUNED` table for `litellama.kernels.w4a16`, (3) batch-1 TPOT through the engine of a
+run, printing the best per shape and a `TUNED` table for `litellama.kernels.w4a16`, (3) the read floor: the
+same words, scales and zeros read and XOR-ed, nothing else, timed the same way, (4) batch-1 TPOT through the engine of a
 random Qwen3-8B in AWQ layout (the sweep's best configurations installed) against the same model in bf16.
 
 Run: PYTHONPATH=. python3 benchmarks_nb/gpu/w4.py $OUT            (GPU, under 140 s)
@@ -17,6 +18,7 @@ if DRY:
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
 from common import QWEN3_8B, batch1_tpot, graph_ms, rel, write_json
 from litellama.kernels import w4a16 as W
 
@@ -59,7 +61,7 @@ if DRY:
         16: [dot(16, 32, 32), pair(16, 16, 32)],
         64: [deq(16, 4), dot(32, 16, 32), pair(32, 16, 32)],
     }
-    PAIR_CHECK = [pair(16, 16, 32), pair(16, 32, 16)]
+    PAIR_CHECK = [pair(16, 16, 32), pair(16, 32, 32)]  # BLOCK_K: whole runs of 32
     TPOT_LIKE, PROMPT, GEN = "tiny-qwen3", 8, 4
 else:
     SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)}
@@ -285,6 +287,83 @@ def _():
                 if late(45):
                     return dict(rows=rows, truncated=True)
     return dict(rows=rows, passed=sum(r["ok"] for r in rows), total=len(rows))
+
+
+@triton.jit
+def _xor(a, b):
+    return a ^ b
+
+
+@triton.jit
+def _xor_chunk(acc, ptr, n, pid, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    for i in range(0, CHUNK, BLOCK):
+        o = pid * CHUNK + i + tl.arange(0, BLOCK)
+        acc ^= tl.load(ptr + o, mask=o < n, other=0).to(tl.int32)
+    return acc
+
+
+@triton.jit
+def _read_kernel(
+    w_ptr, n_w, s_ptr, n_s, z_ptr, n_z, out_ptr,
+    CHUNK_W: tl.constexpr, CHUNK_S: tl.constexpr, CHUNK_Z: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    "The bytes a W4 kernel must read (words, scales, zeros), XOR-ed together in contiguous chunks: a read and nothing else."
+    pid = tl.program_id(0)
+    acc = _xor_chunk(tl.zeros([BLOCK], tl.int32), w_ptr, n_w, pid, CHUNK_W, BLOCK)
+    acc = _xor_chunk(acc, s_ptr, n_s, pid, CHUNK_S, BLOCK)
+    acc = _xor_chunk(acc, z_ptr, n_z, pid, CHUNK_Z, BLOCK)
+    tl.store(out_ptr + pid, tl.reduce(acc, 0, _xor))
+
+
+def _bits(t):
+    "`t` flat, as integers of its own width (16 or 32 bits)."
+    return t.reshape(-1).view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def read_all(qw, s, z, programs, block, num_warps):
+    "XOR of every word of `qw` and every scale and zero (as integers), by `programs` programs; `read_ref` checks it."
+    bufs = [_bits(t) for t in (qw, s, z)]
+    chunks = [triton.cdiv(triton.cdiv(b.numel(), programs), block) * block for b in bufs]
+    out = torch.empty(programs, dtype=torch.int32, device=qw.device)
+    args = [a for b in bufs for a in (b, b.numel())]
+    _read_kernel[(programs,)](*args, out, *chunks, BLOCK=block, num_warps=num_warps)
+    return out
+
+
+def read_ref(qw, s, z) -> int:
+    "The same XOR in PyTorch: bit b of the result is the parity of bit b over every value, sign-extended to 32 bits."
+    t = torch.cat([_bits(x).long() & 0xFFFFFFFF for x in (qw, s, z)])
+    return sum(int(((t >> b) & 1).sum() % 2) << b for b in range(32))
+
+
+READS = [(1, 64, 1), (4, 128, 1)] if DRY else [(4, 1024, 4), (8, 1024, 4), (16, 512, 4), (2, 2048, 8), (4, 2048, 8)]
+
+
+@part("read_floor", 50)
+def _():
+    """The floor of any W4 kernel on each shape: reading its words, scales and zeros and nothing else (XOR-reduced, so
+    every load is used), graph replay with the weights rotated beyond L2, as the sweep times the kernels."""
+    rows, sms = [], W._num_sms(torch.device(DEV))
+    for name, (K, N) in SHAPES.items():
+        if name not in LAYERS:
+            continue
+        qw, s, z, _ = LAYERS[name]["w4"][0]
+        want = read_ref(qw, s, z)
+        for per_sm, block, nw in READS:
+            r = dict(shape=name, N=N, K=K, programs=per_sm * sms, BLOCK=block, num_warps=nw)
+            try:
+                got = read_all(qw, s, z, per_sm * sms, block, nw)
+                folded = 0
+                for v in got.tolist():
+                    folded ^= v & 0xFFFFFFFF
+                r["same_xor"] = folded == want
+                fns = [lambda t=t: read_all(*t[:3], per_sm * sms, block, nw) for t in LAYERS[name]["w4"]]
+                r["ms"] = graph_ms(fns, CUDA, cpu_warmup=False)
+                r["gbps"] = sum(t.numel() * t.element_size() for t in (qw, s, z)) / r["ms"] / 1e6
+            except Exception as e:
+                r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            rows.append(r)
+    return dict(rows=rows)
 
 
 SWEEP_ROWS, BEST = [], {}
