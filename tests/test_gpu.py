@@ -449,6 +449,9 @@ def test_w4a16_every_path_against_reference(group):
         cfgs = [None, dict(PATH="gemv", BLOCK_N=64, BLOCK_K=256, SPLIT_K=3, num_warps=4, num_stages=1)]
         cfgs += [dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, SPLIT_K=2, PREFETCH=True, num_warps=4, num_stages=1)]
         cfgs += [dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4)]
+        if group % 32 == 0:  # the float16-pair kernel: a row per program, split K
+            cfgs += [dict(PATH="half2", BLOCK_N=64, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=1)]
+            cfgs += [dict(PATH="half2", BLOCK_N=128, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=1)]
         cfgs += [dict(PATH="dot", BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2)]
         if group % 128 == 0:
             cfgs += [dict(PATH="pair", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=3)]

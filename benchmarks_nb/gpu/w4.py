@@ -1,6 +1,6 @@
 """W4A16 on the H200, one run: (1) every kernel path against its float32 reference on the GPU (bf16 and fp16), (2) a sweep of
 paths and launch configurations (the sm_90 warpgroup-MMA `wgmma` kernel, the two-codes-per-instruction `pair` tensor-core kernel,
-the phase-1 `gemv`/`dot`/`dequant` kernels) for M = 1, 4, 16, 64, 4096 on Qwen3-8B's projection shapes (AWQ layout, group 128) under
+the phase-1 `gemv`/`dot`/`dequant` kernels, and the one-row `half2` kernel in float16 pairs) for M = 1, 4, 16, 64, 4096 on Qwen3-8B's projection shapes (AWQ layout, group 128) under
 CUDA-graph replay with the weights rotated beyond L2, against the bf16 GEMM (cuBLAS and litellama's skinny kernel) in the same
 run, printing the best per shape and a `TUNED` table for `litellama.kernels.w4a16`, (3) the read floor: the
 same words, scales and zeros read and XOR-ed, nothing else, timed the same way, (4) batch-1 TPOT through the engine of a
@@ -35,6 +35,11 @@ def gemv(bn, bk, nw=NW, ns=NS, prefetch=False):
     return {**cfg, "PREFETCH": True} if prefetch else cfg
 
 
+def half2(bn, bk, nw=NW, ns=1):
+    "The one-row kernel in float16 pairs (kernels_nb/13_w4a16, `_w4_half2_kernel`)."
+    return dict(PATH="half2", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+
+
 def dot(bm, bn, bk, nw=NW, ns=NS):
     return dict(PATH="dot", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
 
@@ -56,8 +61,8 @@ if DRY:
     SHAPES = {"qkv": (64, 96), "o": (64, 64), "gate_up": (64, 192), "down": (128, 64)}  # name: (K, N)
     GROUP, DTYPE, CHECK_DTYPES, L2_BYTES, MS = 32, torch.float16, (torch.float16,), 0, (1, 4, 16, 64)
     SWEEP = {
-        1: [gemv(16, 32), gemv(32, 64), gemv(16, 64, prefetch=True), dot(16, 16, 32), pair(16, 16, 32)],
-        4: [dot(16, 16, 32), gemv(16, 64), pair(16, 32, 32)],
+        1: [gemv(16, 32), gemv(32, 64), gemv(16, 64, prefetch=True), half2(16, 64), dot(16, 16, 32), pair(16, 16, 32)],
+        4: [dot(16, 16, 32), gemv(16, 64), half2(16, 32), pair(16, 32, 32)],
         16: [dot(16, 32, 32), pair(16, 16, 32)],
         64: [deq(16, 4), dot(32, 16, 32), pair(32, 16, 32)],
     }
@@ -115,6 +120,9 @@ else:
     WGS = [wg(64, 512), wg(64, 1024), wg(64, 2048), wg(128, 512, 8), wg(128, 1024, 8), wg(128, 1024), wg(128, 2048, 8)]
     for _m in (1, 4, 16):  # the warpgroup-MMA kernel, the two-codes-per-instruction kernel, the phase-1 kernels
         SWEEP[_m] = WGS + PAIRS[:4] + SWEEP[_m][: (None if _m == 1 else 2)]
+    H2S = [half2(64, 512, 4), half2(128, 256, 4), half2(64, 256, 4), half2(32, 512, 4), half2(128, 512, 8)]
+    SWEEP[1] += H2S  # two codes per float16 instruction
+    SWEEP[4] += H2S[:2]
     SWEEP[64] = [
         pair(64, 128, 128, 8, 3),
         pair(32, 128, 128, 4, 3),
@@ -233,7 +241,7 @@ def with_split(cfg, M, N, K):
         return dict(cfg)
     tiles = (
         M * triton.cdiv(N, cfg["BLOCK_N"])
-        if cfg["PATH"] == "gemv"
+        if cfg["PATH"] in ("gemv", "half2")
         else triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
     )
     d = W.DEFAULTS["cuda" if DEV == "cuda" else "interpret"]
@@ -260,7 +268,7 @@ def _():
         + PAIR_CHECK
         + [c for M in SWEEP for c in SWEEP[M][:1]]
         + [SWEEP[max(SWEEP)][-1]]
-        + [next(c for c in SWEEP[min(SWEEP)] if c["PATH"] == p) for p in ("gemv", "dot")]
+        + [next(c for c in SWEEP[min(SWEEP)] if c["PATH"] == p) for p in ("gemv", "half2", "dot")]
     )
     forced = [c for i, c in enumerate(forced) if c not in forced[:i]]
     for name, (K, N) in SHAPES.items():
@@ -397,7 +405,7 @@ def sweep(ms, deadline):
                 if late(deadline):
                     break
                 c = None if cfg is None else with_split(cfg, M, N, K)
-                mults = (0.5, 1, 2) if c is not None and c["PATH"] == "gemv" else (1, 2)
+                mults = (0.5, 1, 2) if c is not None and c["PATH"] in ("gemv", "half2") else (1, 2)
                 for split_mult in (1,) if c is None or c["PATH"] in ("dequant", "wgmma") else mults:
                     cc = (
                         None
@@ -449,7 +457,7 @@ def summary():
                 r["shape"] == name
                 and r["M"] == M
                 and "ms" in r
-                and r["variant"] in ("gemv", "dot", "pair", "wgmma", "dequant")
+                and r["variant"] in ("gemv", "half2", "dot", "pair", "wgmma", "dequant")
                 and r.get("rel_err", 1) < 1e-2
             ):
                 by_path[r["variant"]] = min(by_path.get(r["variant"], 1e9), r["ms"])

@@ -492,6 +492,129 @@ def _w4_pair_kernel(
     _store_t(out_ptr, b_ptr, acc, rm, rn, m_mask, n_mask, pid_k, M, N, HAS_BIAS, PARTIAL)
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #w4h2c01
+@triton.jit
+def _f16_bits(v):
+    "Float32 `v` rounded to float16, as the 16 low bits of an int32."
+    return v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _f16_of(b):
+    "The float16 whose bits are the 16 low bits of int32 `b`, as float32."
+    return (b & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _x_pair(x_lo, x_hi, ASM: tl.constexpr):
+    "Two float32 activations rounded to one float16 pair `(x_lo, x_hi)` in an int32 (low half, high half)."
+    if ASM:
+        p = tl.inline_asm_elementwise(
+            "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [x_lo, x_hi], dtype=tl.int32, is_pure=True, pack=1
+        )
+    else:
+        p = _f16_bits(x_lo) | (_f16_bits(x_hi) << 16)
+    return p
+
+
+@triton.jit
+def _pair_sum(p, ASM: tl.constexpr):
+    "The two float16 halves of each int32 of `p`, added in float16, as float32."
+    if ASM:
+        s = tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; mov.b32 {l, h}, $1; add.rn.f16 l, l, h; cvt.f32.f16 $0, l; }",
+            "=f,r",
+            [p],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        s = (_f16_of(p) + _f16_of(p >> 16)).to(tl.float16).to(tl.float32)
+    return s
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #w4h2c02
+_CODE_FMA2 = (
+    "{ .reg .b32 t, m; lop3.b32 t, $1, MASK, MAGIC, 0xEA; mov.b32 m, MAGIC; sub.rn.f16x2 t, t, m; "
+    "fma.rn.f16x2 $0, t, $2, $3; }"
+)  # (word & MASK) | MAGIC, less MAGIC: the codes q; then acc + q x, both halves
+_FMA2_EVEN = tl.constexpr(_CODE_FMA2.replace("MASK", "0x000F000F").replace("MAGIC", "0x64006400"))  # nibbles 0, 4
+_FMA2_ODD = tl.constexpr(_CODE_FMA2.replace("MASK", "0x00F000F0").replace("MAGIC", "0x54005400"))  # nibbles 1, 5
+
+
+@triton.jit
+def _code_fma2(w, x2, acc2, ODD: tl.constexpr, ASM: tl.constexpr):
+    """`acc2 + (q, q') · x2` in float16 pairs, `q, q'` the nibbles of `w` at bits 0 and 16 (4 and 20 with `ODD`):
+    each half of `(w & mask) | magic` is the float16 `m + q`, `m` = 1024 (64 with `ODD`), and `- m` leaves `q`."""
+    if ASM:
+        asm: tl.constexpr = _FMA2_ODD if ODD else _FMA2_EVEN
+        r = tl.inline_asm_elementwise(asm, "=r,r,r,r", [w, x2, acc2], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        sh = 4 if ODD else 0
+        lo = ((w >> sh) & 0xF).to(tl.float32) * _f16_of(x2) + _f16_of(acc2)
+        hi = ((w >> (16 + sh)) & 0xF).to(tl.float32) * _f16_of(x2 >> 16) + _f16_of(acc2 >> 16)
+        r = _f16_bits(lo) | (_f16_bits(hi) << 16)
+    return r
+
+
+# %% ../../kernels_nb/13_w4a16.ipynb #w4h2c03
+@triton.jit(do_not_specialize=["M"])
+def _w4_half2_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    z_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    G,
+    s_xm,
+    k_per_split,
+    group_size,
+    HAS_BIAS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    ASM: tl.constexpr,
+    XS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RUNS: tl.constexpr,
+):
+    """One row of `x` times `BLOCK_N` rows of the 4-bit weight over one K slice, two codes per float16 instruction;
+    a step is the tile `[BLOCK_N, RUNS, 4]` of words, `x` scaled by `2^-XS` in float16."""
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rr = tl.arange(0, RUNS)[None, :, None]
+    ri = tl.arange(0, 4)[None, None, :]
+    rows = tl.minimum(rn, N - 1).to(tl.int64)[:, None, None]  # rows past N read row N - 1, and are not stored
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    x_row = x_ptr + pid_m.to(tl.int64) * s_xm
+    w_rows = qw_ptr + rows * tl.multiple_of(K // 8, 4)  # whole runs: every row starts 16-byte aligned
+    g_rows = rows * G
+    last = k_hi // 32 - 1  # the slice's last run
+    acc = tl.zeros([BLOCK_N, RUNS], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, RUNS * 32):
+        kr = k0 + rr * 32  # the first input of each run
+        run = tl.minimum(k0 // 32 + rr, last)  # runs past the slice read its last one, against x = 0
+        words = tl.load(w_rows + run * 4 + ri)
+        g_off = tl.reshape(g_rows + run * 32 // group_size, [BLOCK_N, RUNS])
+        s = tl.load(s_ptr + g_off).to(tl.float32)
+        z = tl.load(z_ptr + g_off).to(tl.float32)
+        upper = words >> 8  # nibbles 2, 3 (6, 7) where nibbles 0, 1 (4, 5) were
+        xs = tl.zeros([1, RUNS, 4], dtype=tl.float32)
+        dot = tl.zeros([BLOCK_N, RUNS, 4], dtype=tl.int32)  # float16 pairs (0, 0)
+        for k in tl.static_range(4):  # nibbles k and k + 4 of word i: inputs 4k + i and 4k + 16 + i of the run
+            x_lo = tl.load(x_row + kr + 4 * k + ri, mask=kr < k_hi, other=0.0).to(tl.float32) * (1.0 / (1 << XS))
+            x_hi = tl.load(x_row + kr + 16 + 4 * k + ri, mask=kr < k_hi, other=0.0).to(tl.float32) * (1.0 / (1 << XS))
+            xs += x_lo + x_hi
+            dot = _code_fma2(words if k < 2 else upper, _x_pair(x_lo, x_hi, ASM), dot, k % 2 == 1, ASM)
+        acc += s * tl.sum(_pair_sum(dot, ASM), axis=2) - (s * z) * tl.sum(xs, axis=2)
+    res = tl.sum(acc, axis=1) * (1 << XS)
+    _store_row(out_ptr, b_ptr, res, pid_m, rn, rn < N, pid_k, M, N, HAS_BIAS, PARTIAL)
+
+
 # %% ../../kernels_nb/13_w4a16.ipynb #126de6d4
 DEFAULTS = {
     "cuda": dict(
@@ -624,9 +747,12 @@ def _config(
     M: int, N: int, K: int, group_size: int, device_type: str, num_sms: int, dtype=torch.bfloat16, hopper=False
 ) -> dict:
     """The tuned entry for this shape and M bucket where there is one and it applies (the pair path: 16-bit `x`,
-    steps inside a group; the wgmma path: `hopper` and a slice it takes), else the rule."""
+    steps inside a group; the half2 path: 16-bit `x`, groups of whole runs; the wgmma path: `hopper` and a slice it
+    takes), else the rule."""
     tuned = TUNED.get((N, K, _bucket(M))) if device_type == "cuda" else None
     if tuned and tuned.get("PATH") == "pair" and (dtype == torch.float32 or group_size % tuned["BLOCK_K"]):
+        tuned = None
+    if tuned and tuned.get("PATH") == "half2" and (dtype == torch.float32 or group_size % 32):
         tuned = None
     if tuned and tuned.get("PATH") == "wgmma" and not (hopper and _hopper.k_split(K, group_size, tuned["K_SPLIT"])):
         tuned = None
@@ -727,8 +853,8 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
         magic, magic_val = _MAGIC[dtype]
         consts |= dict(magic2=magic * 0x10001, MAGIC_VAL=magic_val)
         return "wgmma", None, consts["K_SPLIT"], K // consts["K_SPLIT"], consts, {}
-    if path not in ("gemv", "dot", "pair"):
-        raise ValueError(f"W4A16 path '{path}': expected gemv, dot, pair, wgmma or dequant")
+    if path not in ("gemv", "half2", "dot", "pair"):
+        raise ValueError(f"W4A16 path '{path}': expected gemv, half2, dot, pair, wgmma or dequant")
     bk, bn = cfg["BLOCK_K"], cfg["BLOCK_N"]
     if bk < 32 or bk & (bk - 1):
         raise ValueError(f"BLOCK_K {bk} must be a power of two, at least 32 (whole runs)")
@@ -740,6 +866,13 @@ def _plan(M, N, K, group_size, dtype, device, cfg):
         consts = dict(BLOCK_N=bn, RUNS=bk // 32, HALF_GROUPS=group_size % 32 != 0, ASM=asm, magic=_F32_MAGIC)
         consts["PREFETCH"] = bool(cfg.get("PREFETCH", False))
         return "gemv", (M, triton.cdiv(N, bn), splits), kps, splits, consts, opts
+    if path == "half2":
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"the half2 path takes fp16 or bf16 activations, got {dtype}")
+        if group_size % 32:
+            raise ValueError(f"group size {group_size}: the half2 path takes groups of whole runs of 32")
+        consts = dict(BLOCK_N=bn, RUNS=bk // 32, ASM=device.type == "cuda", XS=cfg.get("XS", 5))
+        return "half2", (M, triton.cdiv(N, bn), splits), kps, splits, consts, opts
     consts = _tensor_core_consts(path, group_size, dtype, device, cfg)
     return path, (triton.cdiv(M, cfg["BLOCK_M"]), triton.cdiv(N, bn), splits), kps, splits, consts, opts
 
@@ -774,6 +907,7 @@ def _launch_w4(plan, x2, qweight, scales, zeros, bias, group_size) -> torch.Tens
     b = bias if bias is not None else out
     kernel, qw = {
         "gemv": (_w4_gemv_kernel, qweight),
+        "half2": (_w4_half2_kernel, qweight),
         "pair": (_w4_pair_kernel, qweight),
         "dot": (_w4_dot_kernel, qweight.view(torch.int16)),
     }[path]
