@@ -18,6 +18,37 @@ import triton
 
 from litellama.testing.checkpoints import REAL_SHAPES
 
+# ---------------------------------------------------------------- compiling without a GPU
+
+
+def stand_in_driver(capability: int = 90) -> None:
+    """Let Triton compile for an NVIDIA GPU of compute `capability` (sm_90 by default) on a machine without one: a
+    stand-in driver answers the device, the stream and the target, and launches made with `warmup=True` only compile."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class StandIn:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", capability, 32)
+
+        def get_device_interface(self):
+            return torch.cuda
+
+        def get_benchmarker(self):
+            return None
+
+        def __getattr__(self, k):
+            raise AttributeError(k)
+
+    driver.set_active(StandIn())
+
+
 # ---------------------------------------------------------------- the run
 
 

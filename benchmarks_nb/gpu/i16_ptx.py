@@ -11,35 +11,12 @@ import hashlib, re, sys, os, json
 
 os.environ.pop("TRITON_INTERPRET", None)
 import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver
-from triton.backends.nvidia.driver import CudaDriver
 
 
-class Fake:
-    def __init__(self):
-        self.real = None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import stand_in_driver
 
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_device_interface(self):
-        return torch.cuda
-
-    def get_benchmarker(self):
-        return None
-
-    def __getattr__(self, k):
-        raise AttributeError(k)
-
-
-driver.set_active(Fake())
+stand_in_driver()
 from triton.runtime.jit import JITFunction
 
 OUT = {}

@@ -11,34 +11,13 @@ import datetime, os, re, subprocess, sys, tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
 
-class Fake:  # the launcher asks a driver for the device, the stream and the target; no GPU is touched
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_device_interface(self):
-        return torch.cuda
-
-    def get_benchmarker(self):
-        return None
-
-    def __getattr__(self, k):
-        raise AttributeError(k)
-
-
-driver.set_active(Fake())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import write_json
+from common import stand_in_driver, write_json
+
+stand_in_driver()
 from litellama.kernels import w4a16 as W
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
