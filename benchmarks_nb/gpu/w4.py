@@ -120,7 +120,7 @@ else:
     WGS = [wg(64, 512), wg(64, 1024), wg(64, 2048), wg(128, 512, 8), wg(128, 1024, 8), wg(128, 1024), wg(128, 2048, 8)]
     for _m in (1, 4, 16):  # the warpgroup-MMA kernel, the two-codes-per-instruction kernel, the phase-1 kernels
         SWEEP[_m] = WGS + PAIRS[:4] + SWEEP[_m][: (None if _m == 1 else 2)]
-    H2S = [half2(64, 512, 4), half2(128, 256, 4), half2(64, 256, 4), half2(32, 512, 4), half2(128, 512, 8)]
+    H2S = [half2(128, 512, 4), half2(64, 512, 4), half2(128, 1024, 8), half2(128, 256, 4), half2(32, 512, 4)]
     SWEEP[1] += H2S  # two codes per float16 instruction
     SWEEP[4] += H2S[:2]
     SWEEP[64] = [

@@ -22,7 +22,8 @@ from litellama.kernels import w4a16 as W
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)}  # (K, N)
-TILES = [(64, 512, 4), (64, 256, 4), (128, 256, 4), (32, 512, 4), (128, 512, 8)]  # BLOCK_N, BLOCK_K, warps
+# (BLOCK_N, BLOCK_K, warps)
+TILES = [(64, 512, 4), (64, 256, 4), (128, 256, 4), (32, 512, 4), (128, 512, 4), (128, 512, 8), (128, 1024, 8)]
 
 
 class Dev:  # `_plan` asks the device type
