@@ -505,6 +505,7 @@ def _f16_of(b):
     return (b & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
+# %% ../../kernels_nb/13_w4a16.ipynb #w4h2c01b
 @triton.jit
 def _x_pair(x_lo, x_hi, ASM: tl.constexpr):
     "Two float32 activations rounded to one float16 pair `(x_lo, x_hi)` in an int32 (low half, high half)."
