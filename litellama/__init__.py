@@ -7,6 +7,12 @@ Docs: https://litellama.github.io/litellama/nbs/api.html.md"""
 # %% auto #0
 __all__ = []
 
+# %% ../nbs/01_api.ipynb #35b02fc0
+import importlib.abc
+import importlib.util
+import sys
+import types
+
 # %% ../nbs/01_api.ipynb #5506874e
 __version__ = "0.1.0"
 
@@ -20,8 +26,12 @@ _PUBLIC = {  # name -> the module that defines it
     "ParallelConfig": "litellama.config",
     "ContinuousBatchingEngine": "litellama.engine.llm_engine",
     "StepOutput": "litellama.engine.llm_engine",
+    "EngineStats": "litellama.engine.llm_engine",
+    "DataParallelEngine": "litellama.engine.data_parallel",
     "LLM": "litellama.entrypoints.llm",
     "TextGenerator": "litellama.entrypoints.llm",
+    "VisionGenerator": "litellama.entrypoints.llm",
+    "ChatWidget": "litellama.entrypoints.widget",  # ipywidgets, the `notebook` extra, only when a widget is built
     "RequestOutput": "litellama.entrypoints.llm",
     "CompletionOutput": "litellama.entrypoints.llm",
     "AsyncLLMEngine": "litellama.engine.async_engine",
@@ -37,3 +47,61 @@ def __getattr__(name: str):
     import importlib
 
     return getattr(importlib.import_module(_PUBLIC[name]), name)
+
+
+# %% ../nbs/01_api.ipynb #6f8d12a0
+_MOVED = {  # an old module path -> the modules that hold its names now
+    "litellama.widget": ("litellama.entrypoints.widget",),
+    "litellama.llm": ("litellama.entrypoints.llm",),
+    "litellama.server": ("litellama.entrypoints.server",),
+    "litellama.cli": ("litellama.entrypoints.cli",),
+    "litellama.async_engine": ("litellama.engine.async_engine",),
+    "litellama.data_parallel": ("litellama.engine.data_parallel",),
+    "litellama.kv_cache": ("litellama.engine.block_manager", "litellama.engine.sequence"),
+    "litellama.scheduler": ("litellama.engine.scheduler",),
+    "litellama.detokenizer": ("litellama.engine.detokenizer",),
+    "litellama.structured_outputs": ("litellama.engine.structured_outputs",),
+    "litellama.sampling": ("litellama.executor.sampler",),
+    "litellama.model_runner": ("litellama.executor.model_runner",),
+    "litellama.model_input": ("litellama.executor.model_input", "litellama.executor.step_plan"),
+    "litellama.executor.executors": ("litellama.executor.executor", "litellama.executor.worker"),
+}
+
+
+# %% ../nbs/01_api.ipynb #e3dbe7f1
+class _MovedModule(types.ModuleType):
+    "An old module path: each name is looked up where it lives now, with a `DeprecationWarning`."
+
+    def __getattr__(self, name: str):
+        import importlib
+        import warnings
+
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for home in _MOVED[self.__name__]:
+            mod = importlib.import_module(home)
+            if hasattr(mod, name):
+                warnings.warn(
+                    f"{self.__name__} moved: import {name} from {home} (the old path goes in the next release)",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                return getattr(mod, name)
+        raise AttributeError(f"module '{self.__name__}' has no attribute '{name}'")
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    "Answers the import of an old module path with a `_MovedModule`."
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        return importlib.util.spec_from_loader(fullname, self) if fullname in _MOVED else None
+
+    def create_module(self, spec) -> types.ModuleType:
+        return _MovedModule(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
+    sys.meta_path.append(_MovedFinder())

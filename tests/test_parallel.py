@@ -1,4 +1,5 @@
-"Tensor parallelism across real processes: torchrun's launcher against the in-process one, and SIGTERM leaving no orphan."
+"""Tensor parallelism across real processes: torchrun's launcher against the in-process one, SIGTERM leaving no orphan,
+overlapped steps and structured outputs at tp = 2 against tp = 1, and two tensor-parallel engines one after the other."""
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
@@ -21,8 +22,42 @@ def main(path, out, mode):
     if out: Path(out).write_text(json.dumps([[o.outputs[0].token_ids for o in outs], [o.outputs[0].token_ids for o in seeded]]))
     llm.engine.executor.shutdown()
 
+SCHEMA = {"type": "object", "properties": {"capital": {"type": "string", "enum": ["Paris", "Rome"]}, "sure": {"type": "boolean"}},
+          "required": ["capital", "sure"], "additionalProperties": False}
+
+def overlapped(path, tp):
+    "Tokens of a json_schema request among plain ones, overlapped steps on; the engine's async flag."
+    from litellama.engine.structured_outputs import StructuredOutputsParams
+    with LLM(path, dtype="float32", device="cpu", tensor_parallel_size=tp, max_num_seqs=4, max_num_batched_tokens=16,
+             block_size=4, num_kv_blocks=64, async_scheduling=True) as llm:
+        params = [SamplingParams(temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=SCHEMA)),
+                  SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),
+                  SamplingParams(temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)]
+        outs = llm.generate(["Capital of France, in JSON:", list(range(5, 30)), [7, 8]], params, use_tqdm=False)
+        return dict(tokens=[o.outputs[0].token_ids for o in outs], json=outs[0].outputs[0].text,
+                    reason=outs[0].outputs[0].finish_reason, overlapped=llm.engine.async_scheduling)
+
+def one_after_another(path):
+    "Two tensor-parallel LLMs in turn in this process (the first dropped, the second closed by `with`), each's tokens."
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    opts = dict(dtype="float32", device="cpu", tensor_parallel_size=2, block_size=4, num_kv_blocks=32)
+    llm = LLM(path, **opts)
+    first = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
+    del llm
+    with LLM(path, **opts) as llm:
+        second = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
+    with LLM(path, **opts) as llm:
+        third = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
+    return [first, second, third]
+
 if __name__ == "__main__":       # spawned ranks re-import this file: the engine must start only in the main process
-    main(*sys.argv[1:4])
+    path, out, mode = sys.argv[1:4]
+    if mode == "overlap":
+        Path(out).write_text(json.dumps([overlapped(path, 1), overlapped(path, 2)]))
+    elif mode == "twice":
+        Path(out).write_text(json.dumps(one_after_another(path)))
+    else:
+        main(path, out, mode)
 '''
 
 def _alive(pid: int) -> bool:
@@ -69,3 +104,23 @@ def test_sigterm_leaves_no_orphan(ckpt, tmp_path):
             time.sleep(0.1)
     finally:
         if p.poll() is None: p.kill()
+
+def test_overlap_and_structured_outputs_at_tp2(ckpt, tmp_path):
+    "tp = 2 runs overlapped steps and a json_schema request whose output validates, with tp = 1's tokens."
+    path, script = ckpt
+    out = tmp_path / "overlap.json"
+    subprocess.run([sys.executable, str(script), str(path), str(out), "overlap"], env=_env(), check=True, timeout=400)
+    one, two = json.loads(out.read_text())
+    assert one["overlapped"] and two["overlapped"]
+    assert two["tokens"] == one["tokens"]
+    obj = json.loads(two["json"])
+    assert set(obj) == {"capital", "sure"} and obj["capital"] in ("Paris", "Rome") and isinstance(obj["sure"], bool)
+    assert two["reason"] == "stop"
+
+def test_two_tp_engines_in_one_process(ckpt, tmp_path):
+    "A tensor-parallel LLM dropped (or closed), then another in the same process: the same tokens each time."
+    path, script = ckpt
+    out = tmp_path / "twice.json"
+    subprocess.run([sys.executable, str(script), str(path), str(out), "twice"], env=_env(), check=True, timeout=400)
+    first, second, third = json.loads(out.read_text())
+    assert len(first) == 6 and first == second == third

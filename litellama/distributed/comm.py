@@ -169,7 +169,10 @@ def init_distributed(
     rendezvous store at `master_addr:master_port`; `init_method='env://'` uses torchrun's."""
     global _STATE
     if _STATE is not None:
-        raise DistributedError("this process already belongs to a tensor-parallel group")
+        raise DistributedError(
+            "this process already belongs to a tensor-parallel group: shut the engine that holds it down first "
+            "(`llm.shutdown()`, or start it in a `with` block)"
+        )
     device = torch.device(device)
     master_port = int(master_port or os.environ.get("MASTER_PORT") or 29500)
     if rank == 0 and init_method is None and not dist.is_initialized():

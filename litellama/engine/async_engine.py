@@ -10,9 +10,11 @@ __all__ = ["AsyncLLMEngine", "merge_outputs", "RequestError", "NoRoom", "prompt_
 # %% ../../nbs/13_async.ipynb #7c8da421
 import asyncio
 import dataclasses
+import os
 import queue
 import threading
 import uuid
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,9 +23,9 @@ import torch
 from ..executor.model_input import build_model_input
 from ..sampling_params import SamplingParams
 from ..utils import patch
-from .block_manager import Sequence
 from .data_parallel import engine_from_pretrained
 from .llm_engine import ContinuousBatchingEngine, StepOutput
+from .sequence import Sequence
 
 
 # %% ../../nbs/13_async.ipynb #6c10bf1a
@@ -44,13 +46,13 @@ async def __aenter__(self: AsyncLLMEngine):
 
 
 @patch
-async def __aexit__(self: AsyncLLMEngine, *exc):
+async def __aexit__(self: AsyncLLMEngine, *exc: object) -> None:
     await self.shutdown()
 
 
 # %% ../../nbs/13_async.ipynb #f5aff712
 @patch(cls_method=True)
-def from_pretrained(cls: AsyncLLMEngine, path=None, **kwargs):
+def from_pretrained(cls: AsyncLLMEngine, path: str | os.PathLike | None = None, **kwargs: Any) -> AsyncLLMEngine:
     "Load a checkpoint (default: the bundled model) into an engine (N replicas if `data_parallel_size` > 1), wrapped."
     return cls(engine_from_pretrained(path, **kwargs))
 
@@ -116,7 +118,7 @@ def _run(self: AsyncLLMEngine):
 
 # %% ../../nbs/13_async.ipynb #600dfac0
 @patch
-def _apply(self: AsyncLLMEngine, kind: str, rid, arg):
+def _apply(self: AsyncLLMEngine, kind: str, rid: str | None, arg: Any) -> None:
     "One command on the engine thread: `add` (an error goes to the request's own queue), `abort` or `score`."
     if kind == "add":
         prompt, params = arg
@@ -157,7 +159,7 @@ def _fail_step(self: AsyncLLMEngine, e: Exception):
 
 # %% ../../nbs/13_async.ipynb #59393c2e
 @patch
-def _deliver_all(self: AsyncLLMEngine, outputs):
+def _deliver_all(self: AsyncLLMEngine, outputs: list) -> None:
     "Hand one step's outputs to the event loop in one call: one wake-up per step, however many requests it served."
     if outputs:
         self._loop.call_soon_threadsafe(self._route, outputs)
@@ -165,7 +167,7 @@ def _deliver_all(self: AsyncLLMEngine, outputs):
 
 # %% ../../nbs/13_async.ipynb #5dc83faa
 @patch
-def _route(self: AsyncLLMEngine, outputs):
+def _route(self: AsyncLLMEngine, outputs: list) -> None:
     "On the event loop: each output into its request's queue (none if the request was abandoned)."
     for out in outputs:
         stream = self._streams.get(out.request_id)
@@ -175,7 +177,7 @@ def _route(self: AsyncLLMEngine, outputs):
 
 # %% ../../nbs/13_async.ipynb #f9f529ff
 @patch
-def _push(self: AsyncLLMEngine, rid, item):
+def _push(self: AsyncLLMEngine, rid: str, item: Any) -> None:
     "One item (an error, or the end) for one request, from the engine thread."
     stream = self._streams.get(rid)
     if stream is not None:
@@ -201,7 +203,7 @@ def _retry_scores(self: AsyncLLMEngine):
 
 # %% ../../nbs/13_async.ipynb #5fb3ffbf
 @patch
-def _settle(self: AsyncLLMEngine, fut, result, error):
+def _settle(self: AsyncLLMEngine, fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
     "Resolve `fut` on the event loop (unless its caller gave up)."
 
     def done():
@@ -247,7 +249,9 @@ _NOTHING = object()  # no output held back
 
 # %% ../../nbs/13_async.ipynb #0be665cf
 @patch
-async def generate(self: AsyncLLMEngine, prompt, params: SamplingParams | None = None, request_id: str | None = None):
+async def generate(
+    self: AsyncLLMEngine, prompt: str | list | dict, params: SamplingParams | None = None, request_id: str | None = None
+):
     "Stream the `StepOutput`s of one request; leaving the loop early (or being cancelled) aborts it."
     await self._ready()
     params = params or SamplingParams()
@@ -295,7 +299,7 @@ class NoRoom(ValueError):
 
 
 # %% ../../nbs/13_async.ipynb #bf01928f
-def _check_scorable(engine, seq: Sequence, L: int):
+def _check_scorable(engine: ContinuousBatchingEngine, seq: Sequence, L: int) -> None:
     "A clear error unless `engine` can score a prompt of `L` tokens now (`NoRoom`: it can once others finish)."
     bm = engine.block_manager
     if bm.blocks_needed(L) > bm.num_total_blocks:
@@ -305,7 +309,9 @@ def _check_scorable(engine, seq: Sequence, L: int):
 
 
 # %% ../../nbs/13_async.ipynb #72c7cc18
-def _score_chunk(engine, ids: list, start: int, end: int, table, num_logprobs: int) -> list:
+def _score_chunk(
+    engine: ContinuousBatchingEngine, ids: list, start: int, end: int, table: np.ndarray, num_logprobs: int
+) -> list:
     "`{token_id: logprob}` for tokens `start + 1 .. end` of `ids`, given those before each."
     runner = engine.runner
     mi = build_model_input([(ids[start:end], start, table)], runner.block_size, runner.device)
@@ -322,11 +328,12 @@ def _score_chunk(engine, ids: list, start: int, end: int, table, num_logprobs: i
 
 # %% ../../nbs/13_async.ipynb #9bf56a52
 @torch.inference_mode()
-def prompt_logprobs(engine, ids: list, num_logprobs: int = 0, chunk: int = 512) -> list:
+def prompt_logprobs(engine: ContinuousBatchingEngine, ids: list, num_logprobs: int = 0, chunk: int = 512) -> list:
     """Per token of `ids`, `{token_id: logprob}` of it and of the `num_logprobs` likeliest tokens in its place, given
     the tokens before it; None for the first. Call it from the thread that steps `engine`."""
-    if not getattr(getattr(engine, "executor", None), "in_process", False):
-        raise ValueError("prompt logprobs are only supported on a single-process engine")
+    executor = getattr(engine, "executor", None)
+    if executor is None or not executor.capabilities.prompt_logprobs:
+        raise ValueError("prompt logprobs need the whole model in the engine's process (tensor_parallel_size=1)")
     if chunk < 2:
         raise ValueError("chunk must be at least 2 tokens")
     bm, L = engine.block_manager, len(ids)

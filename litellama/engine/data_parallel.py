@@ -12,7 +12,8 @@ import itertools
 import logging
 import os
 import uuid
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ class Router:
 
 
 # %% ../../nbs/27_data_parallel.ipynb #dcaffe1b
-def _apply_command(eng, conn, cmd: str, rid, arg) -> bool:
+def _apply_command(eng: ContinuousBatchingEngine, conn: Connection, cmd: str, rid: str | None, arg: Any) -> bool:
     "Apply one command from the pipe to the replica's engine; False once told to stop."
     if cmd == "stop":
         if eng.executor is not None:
@@ -68,7 +69,9 @@ def _apply_command(eng, conn, cmd: str, rid, arg) -> bool:
 
 
 # %% ../../nbs/27_data_parallel.ipynb #5ed5ba4c
-def _replica_main(index: int, conn, model_dir, options: dict, env: dict, parent: int):
+def _replica_main(
+    index: int, conn: Connection, model_dir: str | os.PathLike, options: dict, env: dict, parent: int
+) -> None:
     "Body of replica `index`'s process."
     os.environ.update(env)
     _die_with_parent(parent)
@@ -96,12 +99,12 @@ class DataParallelEngine:
 
     def __init__(
         self,
-        model_dir=None,
+        model_dir: str | os.PathLike | None = None,
         data_parallel_size: int = 2,
         *,
         routing: str = "least_loaded",
         replica_env: list | None = None,
-        **options,
+        **options: Any,
     ):
         from litellama.models.loader import load_config
         from litellama.models.model_dir import resolve_model_dir
@@ -181,7 +184,7 @@ def _recv(self: DataParallelEngine, i: int, timeout: float | None = None):
 @patch
 def add_request(
     self: DataParallelEngine,
-    prompt,
+    prompt: str | list | dict,
     params: SamplingParams | None = None,
     request_id: str | None = None,
     stream: bool = True,
@@ -226,7 +229,7 @@ DataParallelEngine.tokenize = ContinuousBatchingEngine.tokenize
 
 # %% ../../nbs/27_data_parallel.ipynb #747b2c7a
 @patch
-def _take(self: DataParallelEngine, i: int, msg):
+def _take(self: DataParallelEngine, i: int, msg: tuple) -> None:
     "Account for one message of replica `i`'s outputs."
     if msg[0] != "out":
         return
@@ -247,7 +250,7 @@ def _take(self: DataParallelEngine, i: int, msg):
 
 # %% ../../nbs/27_data_parallel.ipynb #09551620
 @patch
-def _forget(self: DataParallelEngine, rid):
+def _forget(self: DataParallelEngine, rid: str) -> None:
     i = self.owner.pop(rid)
     self.requests.pop(rid, None)
     self.router.load[i] -= self.tokens.pop(rid, 0)
@@ -303,7 +306,7 @@ def step(self: DataParallelEngine) -> list:
 
 # %% ../../nbs/27_data_parallel.ipynb #2648719b
 @patch
-def _poll(self: DataParallelEngine, i):
+def _poll(self: DataParallelEngine, i: int) -> None:
     try:
         return self.conns[i].poll(0)
     except (EOFError, OSError):
@@ -327,8 +330,8 @@ def stats(self: DataParallelEngine) -> EngineStats:
 
 # %% ../../nbs/27_data_parallel.ipynb #bd9d61dd
 @patch
-def shutdown(self: DataParallelEngine):
-    "Stop every replica and reap its process."
+def shutdown(self: DataParallelEngine) -> None:
+    "Stop every replica and reap its process (also at the end of a `with` block)."
     for i, c in enumerate(self.conns):
         try:
             if self.alive[i]:
@@ -341,8 +344,20 @@ def shutdown(self: DataParallelEngine):
     self.alive = [False] * self.n
 
 
+@patch
+def __enter__(self: DataParallelEngine) -> DataParallelEngine:
+    return self
+
+
+@patch
+def __exit__(self: DataParallelEngine, *exc: object) -> None:
+    self.shutdown()
+
+
 # %% ../../nbs/27_data_parallel.ipynb #91259bbd
-def engine_from_pretrained(path=None, *, data_parallel_size: int = 1, **options):
+def engine_from_pretrained(
+    path: str | os.PathLike | None = None, *, data_parallel_size: int = 1, **options: Any
+) -> ContinuousBatchingEngine | DataParallelEngine:
     "`ContinuousBatchingEngine.from_pretrained(path, **options)`, or N behind a router if `data_parallel_size` > 1."
     if data_parallel_size == 1:
         return ContinuousBatchingEngine.from_pretrained(path, **options)

@@ -18,9 +18,12 @@ __all__ = [
 # %% ../../nbs/12_engine.ipynb #6a1eae2a
 import itertools
 import logging
+import os
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,17 +35,21 @@ from litellama.multimodal.processing import (
 )
 
 from ..config import EngineArgs
-from ..executor.executors import InProcessExecutor, StepResult
-from ..executor.model_input import Placeholder, SchedulerOutput
+from ..distributed.comm import DistributedError
+from ..executor.executor import Executor, InProcessExecutor, StepResult
+from ..executor.model_runner import ModelRunner
 from ..executor.sampler import uses_history
+from ..executor.step_plan import Placeholder, SchedulerOutput
+from ..models.interfaces import SupportsImages
 from ..models.loader import load_model, resolve_device, resolve_dtype
 from ..models.model_dir import resolve_model_dir
 from ..multimodal.processing import process_images as encode_images
 from ..sampling_params import SEED_RANGE, SamplingParams
 from ..utils import patch
-from .block_manager import BlockManager, Sequence
+from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .scheduler import Scheduler
+from .sequence import Sequence
 
 log = logging.getLogger("litellama")
 
@@ -99,7 +106,7 @@ class Completion:
 
 
 # %% ../../nbs/12_engine.ipynb #46484cd1
-def context_length(max_model_len: int | None, config) -> int:
+def context_length(max_model_len: int | None, config: Any) -> int:
     "`max_model_len`, or the model's `max_position_embeddings` when None; longer than the model's is an error."
     positions = config.max_position_embeddings
     if max_model_len is not None and max_model_len > positions:
@@ -115,13 +122,13 @@ class ContinuousBatchingEngine:
 
     def __init__(
         self,
-        model,
-        config,
-        tokenizer,
-        model_dir=None,
+        model: torch.nn.Module | None,
+        config: Any,
+        tokenizer: Any,
+        model_dir: str | os.PathLike | None = None,
         *,
-        device="cpu",
-        dtype=torch.float32,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int | None = None,
         enable_prefix_caching: bool = True,
@@ -134,7 +141,7 @@ class ContinuousBatchingEngine:
         enforce_eager: bool = False,
         async_scheduling: bool | None = None,
         kv_cache_dtype: str = "auto",
-        executor=None,
+        executor: Executor | None = None,
     ):
         opts = {k: v for k, v in locals().items() if k in EngineArgs.__dataclass_fields__ and k != "model"}
         configs = EngineArgs(**opts, model=model_dir).create_engine_configs()  # each option checked here, once
@@ -147,46 +154,67 @@ class ContinuousBatchingEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, self.scheduler_config.max_num_batched_tokens)
         self._init_requests(seed)
         self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
-        if not self.executor.in_process:
-            self.async_scheduling = False  # steps across processes are not overlapped yet
 
 
 # %% ../../nbs/12_engine.ipynb #42d9ef02
 @patch
-def _init_executor(self: ContinuousBatchingEngine, executor=None):
+def _init_executor(self: ContinuousBatchingEngine, executor: Executor | None = None) -> None:
     "Start the executor that runs every step: `executor` if given (tensor parallelism), else a worker in this process."
     cc, sc = self.cache_config, self.scheduler_config
-    self.executor = ex = executor or InProcessExecutor(
-        self.model, self.config, cc, self.device, self.dtype, sc.max_num_batched_tokens
-    )
+    if executor is None:
+        assert self.model is not None, "an engine needs a model or an executor"
+        executor = InProcessExecutor(self.model, self.config, cc, self.device, self.dtype, sc.max_num_batched_tokens)
+    self.executor = ex = executor
     log.log(
         logging.INFO if self.device.type == "cuda" else logging.DEBUG,
         f"KV cache: {ex.num_blocks} blocks of {cc.block_size} tokens = {ex.capacity_tokens} tokens "
         f"({ex.kv_cache.nbytes / 2**30:.2f} GiB, {ex.kv_cache.dtype}) on {self.device}",
     )
+    self.no_images = (
+        None if ex.capabilities.images else f"{type(ex).__name__} takes text only (tensor_parallel_size=1 takes images)"
+    )
+    if self.no_images and getattr(self.config, "vision_config", None) is not None:
+        log.warning(f"this engine refuses image inputs: {self.no_images}")
     if self.device.type == "cuda" and not self.model_config.enforce_eager:
         ex.capture_cuda_graphs(sc.max_num_seqs, self.max_model_len)
 
 
 # %% ../../nbs/12_engine.ipynb #7bfea34b
 @patch(as_prop=True)
-def runner(self: ContinuousBatchingEngine):
+def runner(self: ContinuousBatchingEngine) -> ModelRunner:
     "The executor's model runner (rank 0's when tensor-parallel), to inspect; steps go through `executor`."
     return self.executor.runner
+
+
+# %% ../../nbs/12_engine.ipynb #feb3d0b0
+@patch
+def shutdown(self: ContinuousBatchingEngine) -> None:
+    "End the executor: its ranks, process groups and pinned buffers. A second call does nothing."
+    self.executor.shutdown()
+
+
+@patch
+def __enter__(self: ContinuousBatchingEngine) -> ContinuousBatchingEngine:
+    return self
+
+
+@patch
+def __exit__(self: ContinuousBatchingEngine, *exc: object) -> None:
+    self.shutdown()
 
 
 # %% ../../nbs/12_engine.ipynb #fcca0db1
 @patch(cls_method=True)
 def from_pretrained(
     cls: ContinuousBatchingEngine,
-    path=None,
-    dtype="auto",
-    device="auto",
-    quantization=None,
+    path: str | os.PathLike | None = None,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "auto",
+    quantization: str | None = None,
     tensor_parallel_size: int = 1,
     data_parallel_size: int = 1,
-    **engine_options,
-):
+    **engine_options: Any,
+) -> ContinuousBatchingEngine:
     """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
     scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
     `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard. Several replicas
@@ -202,7 +230,7 @@ def from_pretrained(
     model_dir = resolve_model_dir(path)
     device = resolve_device(device)
     if tensor_parallel_size != 1:
-        from litellama.executor.executors import engine_options_for_tp
+        from litellama.executor.executor import engine_options_for_tp
 
         model, config, engine_options = engine_options_for_tp(
             model_dir, tensor_parallel_size, dtype, device, engine_options, quantization
@@ -239,7 +267,7 @@ def _init_requests(self: ContinuousBatchingEngine, seed: int):
 
 # %% ../../nbs/12_engine.ipynb #254da86a
 @patch
-def tokenize(self: ContinuousBatchingEngine, prompt) -> list:
+def tokenize(self: ContinuousBatchingEngine, prompt: str | list) -> list:
     "Token ids of `prompt` (a string, or token ids checked against the vocabulary)."
     if isinstance(prompt, str):
         if self.tokenizer is None:
@@ -259,7 +287,7 @@ def tokenize(self: ContinuousBatchingEngine, prompt) -> list:
 @patch
 def add_request(
     self: ContinuousBatchingEngine,
-    prompt,
+    prompt: str | list | dict,
     params: SamplingParams | None = None,
     request_id: str | None = None,
     stream: bool = True,
@@ -317,7 +345,16 @@ def _check_request(self: ContinuousBatchingEngine, ids: list, params: SamplingPa
 
 # %% ../../nbs/12_engine.ipynb #e0141554
 @patch
-def _completions(self: ContinuousBatchingEngine, request_id, ids, mm, params, max_tokens: int, base_seed: int, stream):
+def _completions(
+    self: ContinuousBatchingEngine,
+    request_id: str,
+    ids: list,
+    mm: tuple,
+    params: SamplingParams,
+    max_tokens: int,
+    base_seed: int,
+    stream: bool,
+) -> list:
     "The request's `n` completions: each its own sequence, seed, detokenizer and grammar matcher."
     comps = []
     for i in range(params.n):
@@ -345,14 +382,12 @@ def _completions(self: ContinuousBatchingEngine, request_id, ids, mm, params, ma
 
 # %% ../../nbs/12_engine.ipynb #0d8d0a52
 @patch
-def _matcher(self: ContinuousBatchingEngine, so):
+def _matcher(self: ContinuousBatchingEngine, so: Any) -> Any:
     "A grammar matcher for structured outputs `so` (None: none); the grammar backend is built on first use."
     if so is None:
         return None
     if self.tokenizer is None:
         raise ValueError("structured outputs need the checkpoint's tokenizer")
-    if not self.executor.in_process:
-        raise ValueError("structured outputs are not supported with tensor parallelism yet")
     if self._grammars is None:
         from litellama.engine.structured_outputs import GrammarBackend
 
@@ -365,12 +400,13 @@ def _matcher(self: ContinuousBatchingEngine, so):
 
 # %% ../../nbs/12_engine.ipynb #a23e0001
 @patch
-def process_images(self: ContinuousBatchingEngine, ids: list, images: list):
+def process_images(self: ContinuousBatchingEngine, ids: list, images: list) -> tuple:
     """Expand `ids`' image placeholders and run the vision tower once for `images`: `(ids, ImageInput tuple)`.
     The features stay with the request: a preempted request recomputes its KV, never its features."""
-    if not hasattr(self.model, "embed_images"):
+    if not isinstance(self.model, SupportsImages):
         if images:
-            raise MultiModalError(f"this model ({type(self.model).__name__}) is text-only: it takes no images")
+            why = self.no_images or f"this model ({type(self.model).__name__}) is text-only: it takes no images"
+            raise MultiModalError(why)
         return ids, ()
     if getattr(self, "image_processor", None) is None:
         if self.model_dir is None:
@@ -410,9 +446,7 @@ def step(self: ContinuousBatchingEngine) -> list:
 @patch
 def _launch(self: ContinuousBatchingEngine, outputs: list) -> InFlightStep | None:
     "Run the model and the sampler on one scheduled step, leaving a placeholder for each sampled token."
-    plan = self.scheduler.schedule()
-    run = self._run_in_process if self.executor.in_process else self._run_remote
-    result, done = run(plan, outputs)
+    result, done = self._run(self.scheduler.schedule(), outputs)
     return self._hold_places(done, result) if result is not None else None
 
 
@@ -436,7 +470,7 @@ def _update(self: ContinuousBatchingEngine, plan: SchedulerOutput) -> list:
 
 # %% ../../nbs/12_engine.ipynb #e32124c4
 @patch
-def _run_in_process(self: ContinuousBatchingEngine, plan: SchedulerOutput, outputs: list) -> tuple:
+def _run(self: ContinuousBatchingEngine, plan: SchedulerOutput, outputs: list) -> tuple:
     "`(StepResult or None, sampled completions)`: the forward, then (after any read-back it needs) the sampling."
     prev = self._in_flight
     width, plan = self._execute(plan, prev is not None)
@@ -452,16 +486,6 @@ def _run_in_process(self: ContinuousBatchingEngine, plan: SchedulerOutput, outpu
 
         bitmask = fill_bitmask([c.matcher for c in done], width)
     return self._sample(done, [self._row(c) for c in done], bitmask)
-
-
-# %% ../../nbs/12_engine.ipynb #5402cdbe
-@patch
-def _run_remote(self: ContinuousBatchingEngine, plan: SchedulerOutput, outputs: list) -> tuple:
-    "Tensor-parallel: the ranks run model and sampler in one message; the token ids come back to the host."
-    rows = [self._row(self.by_seq[s.seq_id]) for s, n in plan.scheduled if s.num_computed_tokens + n == s.num_tokens]
-    ids, lp = self.executor.execute(plan, rows)
-    done = self._update(plan)
-    return (StepResult(ids, None, lp) if done else None), done
 
 
 # %% ../../nbs/12_engine.ipynb #5964c11d
@@ -496,7 +520,9 @@ def _read_back(self: ContinuousBatchingEngine, f: InFlightStep) -> list:
 
 # %% ../../nbs/12_engine.ipynb #7deba04d
 @patch
-def _append_token(self: ContinuousBatchingEngine, c: Completion, tok: int, pos: int, logprobs) -> StepOutput:
+def _append_token(
+    self: ContinuousBatchingEngine, c: Completion, tok: int, pos: int, logprobs: dict | None
+) -> StepOutput:
     "Account for the token at `pos` of a completion, decide whether it is finished, and build its output."
     if logprobs is not None:
         c.logprobs.append(logprobs)
@@ -539,7 +565,7 @@ def _forget(self: ContinuousBatchingEngine, c: Completion):
 
 
 # %% ../../nbs/12_engine.ipynb #15a10002
-def _culprits(items: list, run) -> list:
+def _culprits(items: list, run: Callable) -> list:
     "The `(item, error)` pairs of the items of `items` (which fail together under `run`) that fail alone, by bisection."
     if len(items) == 1:
         try:
@@ -563,6 +589,8 @@ def _execute(self: ContinuousBatchingEngine, plan: SchedulerOutput, overlapped: 
     run = lambda p: self.executor.execute_model(p, overlapped)
     try:
         return run(plan), plan
+    except DistributedError:
+        raise  # the ranks are gone: no request is to blame
     except Exception as e:
         err = e
     bad = _culprits(plan.scheduled, lambda part: run(SchedulerOutput(part)))
@@ -578,12 +606,14 @@ def _execute(self: ContinuousBatchingEngine, plan: SchedulerOutput, overlapped: 
 
 # %% ../../nbs/12_engine.ipynb #3742ab8d
 @patch
-def _sample(self: ContinuousBatchingEngine, done: list, rows: list, bitmask=None) -> tuple:
+def _sample(self: ContinuousBatchingEngine, done: list, rows: list, bitmask: torch.Tensor | None = None) -> tuple:
     "`(StepResult, done)`: the rows sampled together; the requests of rows that fail alone are failed and dropped."
     ex = self.executor
     mask = lambda js: None if bitmask is None else bitmask[js]
     try:
         return ex.sample_tokens(rows, bitmask), done
+    except DistributedError:
+        raise
     except Exception as e:
         err = e
     failed = set()

@@ -10,9 +10,10 @@ __all__ = ["Scheduler"]
 # %% ../../nbs/09_scheduler.ipynb #0516a1c5
 from collections import deque
 
-from ..executor.model_input import SchedulerOutput
+from ..executor.step_plan import SchedulerOutput
 from ..utils import patch
-from .block_manager import BlockManager, Sequence
+from .block_manager import BlockManager
+from .sequence import Sequence
 
 
 # %% ../../nbs/09_scheduler.ipynb #0e0dc891

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from ..engine.data_parallel import engine_from_pretrained
+from ..models.interfaces import SupportsImages
 from ..multimodal.processing import chat_images
 from ..sampling_params import SamplingParams
 from ..utils import patch
@@ -52,9 +53,19 @@ class RequestOutput:
 class LLM:
     "Offline batched generation over a `ContinuousBatchingEngine` (`model` None: the bundled SmolLM2)."
 
-    def __init__(self, model=None, dtype="auto", device="auto", **engine_options):
+    def __init__(self, model=None, dtype: str = "auto", device: str = "auto", **engine_options):
         self.engine = engine_from_pretrained(model, dtype=dtype, device=device, **engine_options)
         self.model_dir, self.tokenizer = self.engine.model_dir, self.engine.tokenizer
+
+    def shutdown(self) -> None:
+        "End the engine: its ranks, process groups and pinned buffers (also at the end of a `with` block)."
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
 
 # %% ../../nbs/14_llm.ipynb #f4ff176f
@@ -143,7 +154,7 @@ def chat_prompt(self: LLM, messages):
     msgs, images = chat_images(messages)
     if not images:
         return self.apply_chat_template([{**m, "content": _text(m.get("content"))} for m in msgs])
-    if not hasattr(self.engine.model, "embed_images"):
+    if not isinstance(self.engine.model, SupportsImages):
         raise ValueError("this model is text-only: it takes no images")
     return {"prompt": self.apply_chat_template(msgs), "multi_modal_data": {"image": images}}
 
@@ -195,7 +206,7 @@ class VisionGenerator:
 
     def __init__(self, model=None, dtype="auto", device="auto", **engine_options):
         self.llm = LLM(model, dtype, device, **engine_options)
-        if not hasattr(self.llm.engine.model, "embed_images"):
+        if not isinstance(self.llm.engine.model, SupportsImages):
             raise ValueError(
                 f"{self.llm.model_dir} is a text-only model; "
                 "VisionGenerator needs a vision-language model (LLaVA-1.5 or Qwen3-VL)"

@@ -15,6 +15,7 @@ import time
 import warnings
 import weakref
 
+from ..models.interfaces import SupportsImages
 from ..sampling_params import SamplingParams
 from ..utils import patch
 
@@ -186,7 +187,7 @@ def _make_controls(self: ChatWidget, w, system_prompt: str, temperature: float, 
     self.pending_images = []  # attached to the next message sent; an upload button if the model takes images
     self.upload = (
         w.FileUpload(accept="image/*", multiple=True, description="Image")
-        if hasattr(self.llm.engine.model, "embed_images")
+        if isinstance(self.llm.engine.model, SupportsImages)
         else None
     )
 

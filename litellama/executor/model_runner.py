@@ -10,6 +10,7 @@ __all__ = ["kv_bytes_per_token", "PagedKVCache", "paged_kv_cache", "ModelRunner"
 # %% ../../nbs/11_model_runner.ipynb #6a9aa86a
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,12 +21,13 @@ from ..layers.attention import AttentionMetadata, ModelInput
 from ..layers.base import head_dim
 from ..multimodal.processing import image_embeds, mrope_step_positions
 from ..utils import patch
-from .model_input import SchedulerOutput, build_model_input, fill_placeholders
+from .model_input import build_model_input, fill_placeholders
 from .model_input import graph_size as _graph_size
+from .step_plan import SchedulerOutput
 
 
 # %% ../../nbs/11_model_runner.ipynb #cd3857a0
-def kv_bytes_per_token(config, dtype) -> int:
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
     "Bytes of K and V one token occupies across all layers."
     return (
         config.num_hidden_layers
@@ -62,7 +64,13 @@ class PagedKVCache:
 
 # %% ../../nbs/11_model_runner.ipynb #60b2a6f3
 def paged_kv_cache(
-    layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype, device
+    layers: int,
+    num_blocks: int,
+    block_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
 ) -> PagedKVCache:
     """Zeroed K and V of every layer, stored head-major: each kv head's block is contiguous in memory, as
     `[block_size, head_dim]` — but V of an fp8 cache as `[head_dim, block_size]`, key-minor."""
@@ -79,7 +87,15 @@ def paged_kv_cache(
 class ModelRunner:
     "Runs `model` on `device` over a paged KV cache that `cache` sizes; a step holds up to `max_num_batched_tokens`."
 
-    def __init__(self, model, config, cache: CacheConfig, device, dtype, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: Any,
+        cache: CacheConfig,
+        device: str | torch.device,
+        dtype: torch.dtype,
+        max_num_batched_tokens: int,
+    ):
         self.model, self.config, self.cache_config, self.block_size = model, config, cache, cache.block_size
         self.device, self.dtype = torch.device(device), dtype
         self.kv_cache_dtype = cache.torch_kv_dtype() or dtype
@@ -205,7 +221,7 @@ def prepare(self: ModelRunner, plan: SchedulerOutput) -> ModelInput:
 
 # %% ../../nbs/11_model_runner.ipynb #50848f2c
 @patch
-def _block_table(self: ModelRunner, seq):
+def _block_table(self: ModelRunner, seq: Any) -> list:
     "`seq`'s block table as an array, converted again only when it grew or was replaced (after a preemption)."
     held = self._tables.get(seq.seq_id)
     if held is None or held[0] is not seq.block_table or len(held[1]) != len(seq.block_table):
