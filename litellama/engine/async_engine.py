@@ -34,9 +34,13 @@ class AsyncLLMEngine:
 
     def __init__(self, engine: ContinuousBatchingEngine):
         self.engine = engine
-        self._commands, self._streams = queue.Queue(), {}
-        self._thread, self._loop, self._stopping, self.error = None, None, False, None
-        self._scores = []  # prompt-logprob jobs waiting for free KV blocks
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict = {}
+        self._thread: threading.Thread | None = None
+        self._loop: Any = None
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._scores: list = []  # prompt-logprob jobs waiting for free KV blocks
 
 
 # %% ../../nbs/13_async.ipynb #8704b809
@@ -54,7 +58,7 @@ async def __aexit__(self: AsyncLLMEngine, *exc: object) -> None:
 @patch(cls_method=True)
 def from_pretrained(cls: AsyncLLMEngine, path: str | os.PathLike | None = None, **kwargs: Any) -> AsyncLLMEngine:
     "Load a checkpoint (default: the bundled model) into an engine (N replicas if `data_parallel_size` > 1), wrapped."
-    return cls(engine_from_pretrained(path, **kwargs))
+    return cls(engine_from_pretrained(path, **kwargs))  # type: ignore[operator]
 
 
 # %% ../../nbs/13_async.ipynb #d70896cc
@@ -274,9 +278,9 @@ async def generate(
                 return
             if isinstance(item, Exception):
                 raise item
-            if item.finish_reason == "error":
-                raise RequestError(item.error)
-            if item.finished:
+            if item.finish_reason == "error":  # type: ignore[union-attr]
+                raise RequestError(item.error)  # type: ignore[union-attr]
+            if item.finished:  # type: ignore[union-attr]
                 remaining -= 1
             yield item
         completed = True
@@ -317,7 +321,7 @@ def _score_chunk(
     mi = build_model_input([(ids[start:end], start, table)], runner.block_size, runner.device)
     mi.logits_indices = torch.arange(end - start, device=runner.device)
     nxt = torch.tensor(ids[start + 1 : end + 1], device=runner.device)
-    lp = engine.model(mi)[: len(nxt)].float().log_softmax(-1)  # row j: what follows token start + j
+    lp = engine.model(mi)[: len(nxt)].float().log_softmax(-1)  # type: ignore[misc]  # row j: what follows token start + j
     chosen = lp.gather(-1, nxt[:, None])[:, 0].tolist()
     tv, ti = (t.tolist() for t in lp.topk(max(num_logprobs, 1), -1)) if num_logprobs else ([[]] * len(nxt),) * 2
     return [

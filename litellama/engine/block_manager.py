@@ -38,7 +38,7 @@ class BlockManager:
         self.block_size, self.enable_prefix_caching = block_size, enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free = OrderedDict((i, None) for i in range(num_blocks))  # LRU order, front evicted first
-        self.cached = {}  # hash -> block id
+        self.cached: dict = {}  # hash -> block id
 
 
 # %% ../../nbs/08a_block_manager.ipynb #a00dae91

@@ -118,11 +118,15 @@ class DataParallelEngine:
         try:
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+            self.tokenizer: Any = AutoTokenizer.from_pretrained(str(self.model_dir))
         except Exception:
             self.tokenizer = None
         self.n, self.router = data_parallel_size, Router(data_parallel_size, routing)
-        self.requests, self.owner, self.tokens, self.errors, self._pending = {}, {}, {}, {}, []
+        self.requests: dict = {}
+        self.owner: dict = {}
+        self.tokens: dict = {}
+        self.errors: dict = {}
+        self._pending: list = []
         self.executor, self.num_steps = None, 0
         self._start_replicas(options, replica_env)
 
@@ -306,7 +310,7 @@ def step(self: DataParallelEngine) -> list:
 
 # %% ../../nbs/27_data_parallel.ipynb #2648719b
 @patch
-def _poll(self: DataParallelEngine, i: int) -> None:
+def _poll(self: DataParallelEngine, i: int) -> bool:
     try:
         return self.conns[i].poll(0)
     except (EOFError, OSError):

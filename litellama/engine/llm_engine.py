@@ -96,7 +96,7 @@ class Completion:
     seq: Sequence
     params: SamplingParams
     seed: int
-    detok: IncrementalDetokenizer
+    detok: IncrementalDetokenizer | None
     max_tokens: int
     finished: bool = False
     finish_reason: str | None = None
@@ -221,7 +221,9 @@ def from_pretrained(
     (`data_parallel_size`) are built by `data_parallel.engine_from_pretrained`, which sits above the engine."""
     from transformers import AutoTokenizer
 
-    kw = dict(dtype=dtype, device=device, quantization=quantization, tensor_parallel_size=tensor_parallel_size)
+    kw: dict[str, Any] = dict(
+        dtype=dtype, device=device, quantization=quantization, tensor_parallel_size=tensor_parallel_size
+    )
     known = {k: v for k, v in engine_options.items() if k in EngineArgs.__dataclass_fields__}
     EngineArgs(model=path, data_parallel_size=data_parallel_size, **kw, **known)  # every option checked, before loading
     if data_parallel_size != 1:  # several engines are the router's job, a floor above (27_data_parallel)
@@ -241,7 +243,9 @@ def from_pretrained(
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     except Exception:
         tokenizer = None
-    eng = cls(model, config, tokenizer, model_dir, device=device, dtype=resolve_dtype(dtype, device), **engine_options)
+    eng = cls(  # type: ignore[operator]
+        model, config, tokenizer, model_dir, device=device, dtype=resolve_dtype(dtype, device), **engine_options
+    )
     eng.model_config.quantization, eng.parallel_config.tensor_parallel_size = quantization, tensor_parallel_size
     return eng
 
@@ -322,7 +326,7 @@ def add_request(
 def _check_request(self: ContinuousBatchingEngine, ids: list, params: SamplingParams) -> int:
     "Refuse a request the engine could never finish, saying why; its `max_tokens`."
     V = self.config.vocab_size
-    for name, toks in (("stop_token_ids", params.stop_token_ids), ("logit_bias", list(params.logit_bias or ()))):
+    for name, toks in (("stop_token_ids", params.stop_token_ids or []), ("logit_bias", list(params.logit_bias or ()))):
         if not all(type(t) is int and 0 <= t < V for t in toks):
             raise ValueError(f"{name} must hold token ids in [0, {V})")
     if len(ids) >= self.max_model_len:
@@ -531,7 +535,7 @@ def _append_token(
     if c.matcher is not None and not c.matcher.is_terminated():
         c.matcher.accept_token(tok)
         stopped = stopped or c.matcher.is_terminated()  # the grammar is complete (it took the end token)
-    is_stop_token = tok in p.stop_token_ids or (tok in self._eos_set and not p.ignore_eos)
+    is_stop_token = tok in p.stop_token_ids or (tok in self._eos_set and not p.ignore_eos)  # type: ignore[operator]
     if stopped or (is_stop_token and n_out >= p.min_tokens):
         c.finish_reason = "stop"
     elif n_out >= c.max_tokens or pos + 1 >= self.max_model_len:
@@ -573,7 +577,7 @@ def _culprits(items: list, run: Callable) -> list:
             return []
         except Exception as e:
             return [(items[0], e)]
-    bad = []
+    bad: list = []
     for part in (items[: len(items) // 2], items[len(items) // 2 :]):
         try:
             run(part)
@@ -596,10 +600,10 @@ def _execute(self: ContinuousBatchingEngine, plan: SchedulerOutput, overlapped: 
     bad = _culprits(plan.scheduled, lambda part: run(SchedulerOutput(part)))
     if not bad:
         raise err
-    for (seq, _), e in bad:
+    for (seq, _), why in bad:
         c = self.by_seq.get(seq.seq_id)
         if c is not None:
-            self._end_request(c.request_id, "error", f"the model failed on this request: {type(e).__name__}: {e}")
+            self._end_request(c.request_id, "error", f"the model failed on this request: {type(why).__name__}: {why}")
     plan = SchedulerOutput([(s, n) for s, n in plan.scheduled if s.seq_id in self.by_seq], plan.preempted)
     return (run(plan) if plan.scheduled else None), plan
 

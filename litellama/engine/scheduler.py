@@ -22,7 +22,8 @@ class Scheduler:
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192):
         self.bm, self.max_num_seqs, self.max_num_batched_tokens = block_manager, max_num_seqs, max_num_batched_tokens
-        self.waiting, self.running = deque(), []
+        self.waiting: deque = deque()
+        self.running: list = []
         self.num_preemptions = self.num_prefix_hit_tokens = self.num_chunked_prefills = 0
 
 

@@ -9,7 +9,7 @@ __all__ = ["fill_placeholders", "graph_size", "decode_plan", "build_model_input"
 
 # %% ../../nbs/11a_model_input.ipynb #a98ca1c5
 import itertools
-from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,9 +31,7 @@ def graph_size(graph_sizes: list | tuple, n: int) -> int | None:
 
 
 # %% ../../nbs/11a_model_input.ipynb #dbee2f0b
-def decode_plan(
-    split_planner: Callable | None, decode_lens: list, decodes_only: bool, graph_sizes: list | tuple = ()
-) -> tuple:
+def decode_plan(split_planner: Any, decode_lens: list, decodes_only: bool, graph_sizes: list | tuple = ()) -> tuple:
     """The decodes' attention plan `(rows, cu_splits)` from `split_planner(seq_lens, pad_to_batch=)`; padded to the
     CUDA graph that will replay the step when it holds decodes only. Empty without a planner or decodes."""
     if split_planner is None or not decode_lens:
@@ -53,10 +51,10 @@ def _unpack(
     max_seqlen_q: int,
 ) -> ModelInput:
     "Move the packed host buffer to `device` in one copy and view its parts as a `ModelInput`."
-    buf = torch.from_numpy(buf)
+    t = torch.from_numpy(buf)
     if torch.device(device).type != "cpu":
-        buf = buf.pin_memory().to(device, non_blocking=True)
-    parts = buf.split(sizes)
+        t = t.pin_memory().to(device, non_blocking=True)
+    parts = t.split(sizes)
     splits = (parts[7].view(-1, 3), parts[8]) if sizes[8] else None
     attn = AttentionMetadata(
         parts[2],
@@ -77,7 +75,7 @@ def build_model_input(
     block_size: int,
     device: str | torch.device = "cpu",
     logits_for: list | None = None,
-    split_planner: Callable | None = None,
+    split_planner: Any = None,
     graph_sizes: list | tuple = (),
 ) -> ModelInput:
     """`chunks`: one `(token_ids, start, block_table)` per sequence, prefills first; the sequence's tokens

@@ -89,7 +89,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: Any,  # a model of `models/`: a Module with `bind_kv_cache`
         config: Any,
         cache: CacheConfig,
         device: str | torch.device,
@@ -106,8 +106,9 @@ class ModelRunner:
         self.split_planner = SplitPlanner(
             config.num_key_value_heads, self.head_dim, dtype, self.device, self.kv_cache_dtype
         )
-        self._tables = {}  # seq_id -> (its block_table list, that list as an array)
-        self.graphs, self.graph_sizes = {}, []  # CUDA graphs by batch size, once captured
+        self._tables: dict = {}  # seq_id -> (its block_table list, that list as an array)
+        self.graphs: dict = {}  # CUDA graphs by batch size, once captured
+        self.graph_sizes: list = []
         self.num_blocks = self._num_blocks(max_num_batched_tokens)
         self.kv_cache = self._new_cache(self.num_blocks)
         model.bind_kv_cache(self.kv_cache)
@@ -221,7 +222,7 @@ def prepare(self: ModelRunner, plan: SchedulerOutput) -> ModelInput:
 
 # %% ../../nbs/11_model_runner.ipynb #50848f2c
 @patch
-def _block_table(self: ModelRunner, seq: Any) -> list:
+def _block_table(self: ModelRunner, seq: Any) -> np.ndarray:
     "`seq`'s block table as an array, converted again only when it grew or was replaced (after a preemption)."
     held = self._tables.get(seq.seq_id)
     if held is None or held[0] is not seq.block_table or len(held[1]) != len(seq.block_table):
@@ -332,7 +333,7 @@ def _replay(self: ModelRunner, mi: ModelInput) -> torch.Tensor:
     s["seq_lens"][:n].copy_(mi.attn.seq_lens)
     s["seq_lens"][n:bs].fill_(0)
     s["block_tables"][:n, :w].copy_(mi.attn.block_tables)
-    rows, cu = mi.attn.decode_splits  # planned for this graph: padded to its rows and batch
+    rows, cu = mi.attn.decode_splits  # type: ignore[misc]  # planned for this graph: padded to its rows and batch
     s["split_rows"][: len(rows)].copy_(rows)
     s["cu_splits"][: len(cu)].copy_(cu)
     g, out = self.graphs[bs]

@@ -60,7 +60,7 @@ def from_plan(
         )
         for seq, n in plan.scheduled
     ]
-    return cls(chunks, overlapped, keep_logits)
+    return cls(chunks, overlapped, keep_logits)  # type: ignore[operator]
 
 
 # %% ../../nbs/26a_worker.ipynb #8535a066
