@@ -43,12 +43,18 @@ def one_after_another(path):
     opts = dict(dtype="float32", device="cpu", tensor_parallel_size=2, block_size=4, num_kv_blocks=32)
     llm = LLM(path, **opts)
     first = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
+    try:  # while the first lives, a second is refused in one line, and the first keeps working
+        LLM(path, **opts)
+        clash = "no error"
+    except Exception as e:
+        clash = f"{type(e).__name__}: {e}"
+    again = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
     del llm
     with LLM(path, **opts) as llm:
         second = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
     with LLM(path, **opts) as llm:
         third = llm.generate([[1, 2, 3]], params, use_tqdm=False)[0].outputs[0].token_ids
-    return [first, second, third]
+    return [first, second, third, again, clash]
 
 if __name__ == "__main__":       # spawned ranks re-import this file: the engine must start only in the main process
     path, out, mode = sys.argv[1:4]
@@ -122,5 +128,6 @@ def test_two_tp_engines_in_one_process(ckpt, tmp_path):
     path, script = ckpt
     out = tmp_path / "twice.json"
     subprocess.run([sys.executable, str(script), str(path), str(out), "twice"], env=_env(), check=True, timeout=400)
-    first, second, third = json.loads(out.read_text())
-    assert len(first) == 6 and first == second == third
+    first, second, third, again, clash = json.loads(out.read_text())
+    assert len(first) == 6 and first == second == third == again
+    assert clash.startswith("DistributedError: this process already belongs to a tensor-parallel group"), clash

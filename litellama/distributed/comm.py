@@ -15,6 +15,7 @@ __all__ = [
     "DistributedError",
     "free_port",
     "check_port_free",
+    "check_no_group",
     "init_distributed",
     "destroy_distributed",
     "torchrun_env",
@@ -155,6 +156,16 @@ def check_port_free(port: int, host: str = "127.0.0.1"):
             ) from None
 
 
+# %% ../../nbs/24_comm.ipynb #e5f4b8d1
+def check_no_group() -> None:
+    "Raise one line if this process is already a rank of a tensor-parallel group (one group per process at a time)."
+    if _STATE is not None:
+        raise DistributedError(
+            "this process already belongs to a tensor-parallel group: shut the engine that holds it down first "
+            "(`llm.shutdown()`, or start it in a `with` block)"
+        )
+
+
 # %% ../../nbs/24_comm.ipynb #9cb64bc4
 def init_distributed(
     rank: int,
@@ -168,11 +179,7 @@ def init_distributed(
     """Join the `world_size` ranks as `rank` and create the data and control groups: by default rank 0 hosts the
     rendezvous store at `master_addr:master_port`; `init_method='env://'` uses torchrun's."""
     global _STATE
-    if _STATE is not None:
-        raise DistributedError(
-            "this process already belongs to a tensor-parallel group: shut the engine that holds it down first "
-            "(`llm.shutdown()`, or start it in a `with` block)"
-        )
+    check_no_group()
     device = torch.device(device)
     master_port = int(master_port or os.environ.get("MASTER_PORT") or 29500)
     if rank == 0 and init_method is None and not dist.is_initialized():

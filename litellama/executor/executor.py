@@ -223,6 +223,7 @@ class MultiprocExecutor(Executor):
         self.procs = self.ranks.procs
         if D.get_state() is not None:
             gc.collect()  # an engine dropped but caught in a reference cycle: its finalizer ends its group
+        D.check_no_group()  # before any rank starts: a live engine's group is left alone
         env = D.torchrun_env()
         device = torch.device(device)
         opts = dict(options, device=str(device.type), dtype=dtype)
