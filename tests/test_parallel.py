@@ -34,7 +34,12 @@ def overlapped(path, tp):
                   SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),
                   SamplingParams(temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)]
         outs = llm.generate(["Capital of France, in JSON:", list(range(5, 30)), [7, 8]], params, use_tqdm=False)
-        return dict(tokens=[o.outputs[0].token_ids for o in outs], json=outs[0].outputs[0].text,
+        from litellama.engine.async_engine import prompt_logprobs
+        try:  # a capability this executor declares it lacks: refused in one line
+            refused = str(len(prompt_logprobs(llm.engine, [1, 2, 3])))
+        except ValueError as e:
+            refused = str(e)
+        return dict(refused=refused, tokens=[o.outputs[0].token_ids for o in outs], json=outs[0].outputs[0].text,
                     reason=outs[0].outputs[0].finish_reason, overlapped=llm.engine.async_scheduling)
 
 def one_after_another(path):
@@ -122,6 +127,7 @@ def test_overlap_and_structured_outputs_at_tp2(ckpt, tmp_path):
     obj = json.loads(two["json"])
     assert set(obj) == {"capital", "sure"} and obj["capital"] in ("Paris", "Rome") and isinstance(obj["sure"], bool)
     assert two["reason"] == "stop"
+    assert one["refused"] == "3" and two["refused"].startswith("prompt logprobs need the whole model"), two["refused"]
 
 def test_two_tp_engines_in_one_process(ckpt, tmp_path):
     "A tensor-parallel LLM dropped (or closed), then another in the same process: the same tokens each time."
