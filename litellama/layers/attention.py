@@ -15,7 +15,9 @@ from torch import nn
 
 from ..kernels.registry import ops
 from ..utils import patch
-from .base import Linear, RMSNorm, RotaryEmbedding, head_dim
+from .linear import Linear, head_dim
+from .norm import RMSNorm
+from .rotary import RotaryEmbedding
 
 
 # %% ../../nbs/03_attention.ipynb #f778c388

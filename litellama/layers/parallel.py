@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from ..distributed.comm import all_reduce, tp_rank, tp_size
 from ..utils import patch
-from .base import Embedding, Linear, LMHead, head_dim
+from .embedding import Embedding, LMHead
+from .linear import Linear, head_dim
 
 
 # %% ../../nbs/25_parallel_layers.ipynb #77ed89f5

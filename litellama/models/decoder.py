@@ -26,7 +26,11 @@ import torch
 from torch import nn
 
 from ..layers.attention import ModelInput, SelfAttention
-from ..layers.base import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, head_dim
+from ..layers.embedding import Embedding, LMHead
+from ..layers.linear import head_dim
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
 from ..utils import patch
 
 

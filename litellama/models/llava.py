@@ -27,7 +27,7 @@ from torch import nn
 
 from ..kernels.registry import ops
 from ..layers.attention import ModelInput
-from ..layers.base import Linear
+from ..layers.linear import Linear
 from ..utils import patch
 from .decoder import CausalLM, LlamaForCausalLM
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..kernels.registry import ops
-from ..layers.base import Linear
+from ..layers.linear import Linear
 from ..utils import patch  # (before `.decoder` once exported: relative imports sort by depth)
 from .decoder import MODEL_REGISTRY, MODEL_TYPES, CausalLM, model_class
 

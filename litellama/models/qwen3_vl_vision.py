@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.registry import ops
-from ..layers.base import Linear
+from ..layers.linear import Linear
 from ..utils import patch
 from .llava import LayerNorm
 
