@@ -31,7 +31,6 @@ from ..layers.linear import head_dim
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
-from ..utils import patch
 
 
 # %% ../../nbs/04_models.ipynb #10c8a0ed
@@ -59,17 +58,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = mlp
 
-
-# %% ../../nbs/04_models.ipynb #0b7b0467
-@patch
-def forward(self: DecoderLayer, positions, x, residual, attn):
-    if residual is None:
-        x, residual = self.input_layernorm(x), x
-    else:
-        x, residual = self.input_layernorm(x, residual)
-    x = self.self_attn(positions, x, attn)
-    x, residual = self.post_attention_layernorm(x, residual)
-    return self.mlp(x), residual
+    def forward(self, positions, x, residual, attn):
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, attn)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 # %% ../../nbs/04_models.ipynb #8d7c8b33
@@ -96,15 +92,12 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
-
-# %% ../../nbs/04_models.ipynb #79369a4d
-@patch
-def forward(self: DecoderModel, mi: ModelInput):  # noqa: F811 (patched onto the class)
-    x = mi.inputs_embeds if mi.inputs_embeds is not None else self.embed_tokens(mi.input_ids)
-    residual = None
-    for layer in self.layers:
-        x, residual = layer(mi.positions, x, residual, mi.attn)
-    return self.norm(x, residual)[0]
+    def forward(self, mi: ModelInput):
+        x = mi.inputs_embeds if mi.inputs_embeds is not None else self.embed_tokens(mi.input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(mi.positions, x, residual, mi.attn)
+        return self.norm(x, residual)[0]
 
 
 # %% ../../nbs/04_models.ipynb #762808fa
@@ -138,60 +131,44 @@ class CausalLM(nn.Module):
             tie=self.model.embed_tokens if self.tied else None,
         )
 
+    @classmethod
+    def biases(cls, config) -> dict:
+        "Which projections carry a bias."
+        b = bool(getattr(config, "attention_bias", False))
+        return {"qkv": b, "o": b, "mlp": bool(getattr(config, "mlp_bias", False))}
 
-# %% ../../nbs/04_models.ipynb #fbb6c459
-@patch(cls_method=True)
-def biases(cls: CausalLM, config) -> dict:
-    "Which projections carry a bias."
-    b = bool(getattr(config, "attention_bias", False))
-    return {"qkv": b, "o": b, "mlp": bool(getattr(config, "mlp_bias", False))}
+    @classmethod
+    def check_config(cls, config):
+        "Refuse configurations this implementation would run wrongly."
+        if getattr(config, "use_sliding_window", False):
+            raise ValueError(f"{cls.__name__}: sliding-window attention is not supported")
 
+    def make_mlp(self, config, layer_idx: int, dtype, device, quant, prefix: str) -> nn.Module:
+        "The MLP of layer `layer_idx`: a dense gated MLP (a sparse model overrides this)."
+        return GatedMLP(
+            config.hidden_size, config.intermediate_size, self.biases(config)["mlp"], dtype, device, quant, prefix
+        )
 
-# %% ../../nbs/04_models.ipynb #f17b9890
-@patch(cls_method=True)
-def check_config(cls: CausalLM, config):
-    "Refuse configurations this implementation would run wrongly."
-    if getattr(config, "use_sliding_window", False):
-        raise ValueError(f"{cls.__name__}: sliding-window attention is not supported")
+    def forward(self, mi: ModelInput) -> torch.Tensor:
+        "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
+        return self.lm_head(self.model(mi)[mi.logits_indices])
 
+    def route(self, name: str):
+        "`(module, param_name, shard)` that checkpoint tensor `name` loads into; KeyError or AttributeError if none."
+        *path, pname = name.split(".")
+        shard = None
+        if path and path[-1] in self.packed_modules:
+            path[-1], shard = self.packed_modules[path[-1]]
+        module = self.get_submodule(".".join(path))
+        if not isinstance(getattr(module, pname, None), torch.Tensor):
+            raise KeyError(name)
+        return module, pname, shard
 
-# %% ../../nbs/04_models.ipynb #95f60319
-@patch
-def make_mlp(self: CausalLM, config, layer_idx: int, dtype, device, quant, prefix: str) -> nn.Module:
-    "The MLP of layer `layer_idx`: a dense gated MLP (a sparse model overrides this)."
-    return GatedMLP(
-        config.hidden_size, config.intermediate_size, self.biases(config)["mlp"], dtype, device, quant, prefix
-    )
-
-
-# %% ../../nbs/04_models.ipynb #05d712ba
-@patch
-def forward(self: CausalLM, mi: ModelInput) -> torch.Tensor:  # noqa: F811 (patched onto the class)
-    "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
-    return self.lm_head(self.model(mi)[mi.logits_indices])
-
-
-# %% ../../nbs/04_models.ipynb #3bac594b
-@patch
-def route(self: CausalLM, name: str):
-    "`(module, param_name, shard)` that checkpoint tensor `name` loads into; KeyError or AttributeError if none."
-    *path, pname = name.split(".")
-    shard = None
-    if path and path[-1] in self.packed_modules:
-        path[-1], shard = self.packed_modules[path[-1]]
-    module = self.get_submodule(".".join(path))
-    if not isinstance(getattr(module, pname, None), torch.Tensor):
-        raise KeyError(name)
-    return module, pname, shard
-
-
-# %% ../../nbs/04_models.ipynb #9fc9ab61
-@patch
-def bind_kv_cache(self: CausalLM, kv_cache):
-    """Give each layer its `(k_cache, v_cache)`, each `[num_blocks, block_size, Hk, D]`: `kv_cache` yields one pair per
-    layer (the model runner's `PagedKVCache`, or a `[layers, 2, num_blocks, block_size, Hk, D]` tensor)."""
-    for layer, (k, v) in zip(self.model.layers, kv_cache, strict=False):
-        layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = k, v
+    def bind_kv_cache(self, kv_cache):
+        """Give each layer its `(k_cache, v_cache)`, each `[num_blocks, block_size, Hk, D]`: `kv_cache` yields one pair
+        per layer (the model runner's `PagedKVCache`, or a `[layers, 2, num_blocks, block_size, Hk, D]` tensor)."""
+        for layer, (k, v) in zip(self.model.layers, kv_cache, strict=False):
+            layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = k, v
 
 
 # %% ../../nbs/04_models.ipynb #052025cb
@@ -242,11 +219,9 @@ class LlamaForCausalLM(CausalLM):
 class Qwen2ForCausalLM(CausalLM):
     "Qwen2 / Qwen2.5: a bias on the q, k, v projections."
 
-
-# %% ../../nbs/04_models.ipynb #7a1b023b
-@patch(cls_method=True)
-def biases(cls: Qwen2ForCausalLM, config):  # noqa: F811 (patched onto the class)
-    return {"qkv": True, "o": False, "mlp": False}
+    @classmethod
+    def biases(cls, config):
+        return {"qkv": True, "o": False, "mlp": False}
 
 
 # %% ../../nbs/04_models.ipynb #df24c752

@@ -28,7 +28,6 @@ from torch import nn
 from ..kernels.registry import ops
 from ..layers.attention import ModelInput
 from ..layers.linear import Linear
-from ..utils import patch
 from .decoder import CausalLM, LlamaForCausalLM
 
 
@@ -42,11 +41,8 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
 
-
-# %% ../../nbs/29_llava.ipynb #ffce351e
-@patch
-def forward(self: LayerNorm, x):
-    return ops.layer_norm(x, self.weight, self.bias, self.eps)
+    def forward(self, x):
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 # %% ../../nbs/29_llava.ipynb #95e072a3
@@ -78,16 +74,13 @@ class CLIPEncoderLayer(nn.Module):
         self.mlp.fc2 = Linear(vc.intermediate_size, H, True, dtype=dtype, device=device)
         self.act = activation(vc.hidden_act)
 
-
-# %% ../../nbs/29_llava.ipynb #2e411630
-@patch
-def forward(self: CLIPEncoderLayer, x, num_images: int):  # noqa: F811 - patched onto the class
-    h = self.layer_norm1(x)
-    q, k, v = (
-        t.reshape(num_images, -1, self.num_heads, self.head_dim) for t in self.self_attn.qkv_proj(h).chunk(3, -1)
-    )
-    x = x + self.self_attn.out_proj(ops.vision_attention(q, k, v, self.head_dim**-0.5).reshape(x.shape))
-    return x + self.mlp.fc2(self.act(self.mlp.fc1(self.layer_norm2(x))))
+    def forward(self, x, num_images: int):
+        h = self.layer_norm1(x)
+        q, k, v = (
+            t.reshape(num_images, -1, self.num_heads, self.head_dim) for t in self.self_attn.qkv_proj(h).chunk(3, -1)
+        )
+        x = x + self.self_attn.out_proj(ops.vision_attention(q, k, v, self.head_dim**-0.5).reshape(x.shape))
+        return x + self.mlp.fc2(self.act(self.mlp.fc1(self.layer_norm2(x))))
 
 
 # %% ../../nbs/29_llava.ipynb #b9225cf9
@@ -109,22 +102,19 @@ class CLIPVisionEmbeddings(nn.Module):
             torch.empty(self.num_patches + 1, H, dtype=dtype, device=device), requires_grad=False
         )
 
-
-# %% ../../nbs/29_llava.ipynb #d7706585
-@patch
-def forward(self: CLIPVisionEmbeddings, pixel_values):  # noqa: F811 - patched onto the class
-    B, C, S, _ = pixel_values.shape
-    if S != self.image_size or pixel_values.shape[-1] != self.image_size:
-        raise ValueError(
-            f"pixel_values are {S}x{pixel_values.shape[-1]}; this vision tower takes "
-            f"{self.image_size}x{self.image_size}"
-        )
-    p, n = self.patch_size, S // self.patch_size
-    patches = pixel_values.reshape(B, C, n, p, n, p).permute(0, 2, 4, 1, 3, 5).reshape(B * n * n, C * p * p)
-    w = self.patch_embedding.weight
-    x = ops.linear(patches.to(w.dtype), w.reshape(w.shape[0], -1)).view(B, n * n, -1)
-    x = torch.cat([self.class_embedding.expand(B, 1, -1), x], 1)
-    return x + self.position_embedding.weight
+    def forward(self, pixel_values):
+        B, C, S, _ = pixel_values.shape
+        if S != self.image_size or pixel_values.shape[-1] != self.image_size:
+            raise ValueError(
+                f"pixel_values are {S}x{pixel_values.shape[-1]}; this vision tower takes "
+                f"{self.image_size}x{self.image_size}"
+            )
+        p, n = self.patch_size, S // self.patch_size
+        patches = pixel_values.reshape(B, C, n, p, n, p).permute(0, 2, 4, 1, 3, 5).reshape(B * n * n, C * p * p)
+        w = self.patch_embedding.weight
+        x = ops.linear(patches.to(w.dtype), w.reshape(w.shape[0], -1)).view(B, n * n, -1)
+        x = torch.cat([self.class_embedding.expand(B, 1, -1), x], 1)
+        return x + self.position_embedding.weight
 
 
 # %% ../../nbs/29_llava.ipynb #74813192
@@ -141,19 +131,16 @@ class CLIPVisionTower(nn.Module):
             vc.hidden_size, vc.layer_norm_eps, dtype, device
         )  # the pooled output only: unused
 
-
-# %% ../../nbs/29_llava.ipynb #79122312
-@patch
-def forward(self: CLIPVisionTower, pixel_values, feature_layers: list) -> torch.Tensor:  # noqa: F811 - patched onto the class
-    "`[images, patches + 1, hidden * len(feature_layers)]`."
-    n_states = len(self.encoder.layers) + 1
-    idx = [i % n_states for i in feature_layers]
-    B = pixel_values.shape[0]
-    x = self.pre_layrnorm(self.embeddings(pixel_values)).reshape(-1, self.pre_layrnorm.weight.shape[0])
-    states = [x]
-    for layer in self.encoder.layers[: max(idx)]:
-        states.append(x := layer(x, B))
-    return torch.cat([states[i].view(B, -1, x.shape[-1]) for i in idx], -1)
+    def forward(self, pixel_values, feature_layers: list) -> torch.Tensor:
+        "`[images, patches + 1, hidden * len(feature_layers)]`."
+        n_states = len(self.encoder.layers) + 1
+        idx = [i % n_states for i in feature_layers]
+        B = pixel_values.shape[0]
+        x = self.pre_layrnorm(self.embeddings(pixel_values)).reshape(-1, self.pre_layrnorm.weight.shape[0])
+        states = [x]
+        for layer in self.encoder.layers[: max(idx)]:
+            states.append(x := layer(x, B))
+        return torch.cat([states[i].view(B, -1, x.shape[-1]) for i in idx], -1)
 
 
 # %% ../../nbs/29_llava.ipynb #f99c9fc0
@@ -166,11 +153,8 @@ class LlavaProjector(nn.Module):
         self.linear_2 = Linear(out_dim, out_dim, bias, dtype=dtype, device=device)
         self.act = activation(act)
 
-
-# %% ../../nbs/29_llava.ipynb #a902fa71
-@patch
-def forward(self: LlavaProjector, x):  # noqa: F811 - patched onto the class
-    return self.linear_2(self.act(self.linear_1(x)))
+    def forward(self, x):
+        return self.linear_2(self.act(self.linear_1(x)))
 
 
 # %% ../../nbs/29_llava.ipynb #8f51b5ac
@@ -210,41 +194,26 @@ class LlavaForConditionalGeneration(nn.Module):
         self.num_image_tokens = self.vision_tower.embeddings.num_patches + (self.select_strategy == "full")
         self.image_size = vc.image_size
 
+    def forward(self, mi: ModelInput) -> torch.Tensor:
+        return self.language_model(mi)
 
-# %% ../../nbs/29_llava.ipynb #466c1126
-@patch
-def forward(self: LlavaForConditionalGeneration, mi: ModelInput) -> torch.Tensor:  # noqa: F811 - patched onto the class
-    return self.language_model(mi)
+    def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        "`[images, num_image_tokens, text hidden]`: the projected features that replace each image's placeholders."
+        dt = self.multi_modal_projector.linear_1.weight.dtype
+        feats = self.vision_tower(pixel_values.to(dt), self.feature_layers)
+        if self.select_strategy == "default":
+            feats = feats[:, 1:]
+        return self.multi_modal_projector(feats.reshape(-1, feats.shape[-1])).view(feats.shape[0], feats.shape[1], -1)
 
+    def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.model.embed_tokens(ids)
 
-# %% ../../nbs/29_llava.ipynb #66720547
-@patch
-def embed_images(self: LlavaForConditionalGeneration, pixel_values: torch.Tensor) -> torch.Tensor:
-    "`[images, num_image_tokens, text hidden]`: the projected features that replace each image's placeholder tokens."
-    dt = self.multi_modal_projector.linear_1.weight.dtype
-    feats = self.vision_tower(pixel_values.to(dt), self.feature_layers)
-    if self.select_strategy == "default":
-        feats = feats[:, 1:]
-    return self.multi_modal_projector(feats.reshape(-1, feats.shape[-1])).view(feats.shape[0], feats.shape[1], -1)
+    def bind_kv_cache(self, kv_cache):
+        self.language_model.bind_kv_cache(kv_cache)
 
-
-# %% ../../nbs/29_llava.ipynb #fe683dfb
-@patch
-def embed_input_ids(self: LlavaForConditionalGeneration, ids: torch.Tensor) -> torch.Tensor:
-    return self.language_model.model.embed_tokens(ids)
-
-
-# %% ../../nbs/29_llava.ipynb #35edc449
-@patch
-def bind_kv_cache(self: LlavaForConditionalGeneration, kv_cache):
-    self.language_model.bind_kv_cache(kv_cache)
-
-
-# %% ../../nbs/29_llava.ipynb #8e2d21c0
-@patch
-def route(self: LlavaForConditionalGeneration, name: str):
-    "Where checkpoint tensor `name` (any of the three spellings below) loads: `(module, param_name, shard)`."
-    return CausalLM.route(self, llava_key(name))
+    def route(self, name: str):
+        "Where checkpoint tensor `name` (any of the three spellings below) loads: `(module, param_name, shard)`."
+        return CausalLM.route(self, llava_key(name))
 
 
 # %% ../../nbs/29_llava.ipynb #e2ae7530

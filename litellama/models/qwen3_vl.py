@@ -26,7 +26,6 @@ from torch import nn
 from ..kernels.registry import ops
 from ..layers.attention import ModelInput
 from ..multimodal.processing import ImageInput, MultiModalError, image_hash, repeat_placeholders
-from ..utils import patch
 from .decoder import CausalLM, Qwen3ForCausalLM
 from .qwen3_vl_vision import Qwen3VLVisionModel
 
@@ -102,88 +101,68 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         self.num_deepstack = len(vc.deepstack_visual_indexes)
         self.hidden = tc.hidden_size
 
+    def embed_images(self, pixel_values, grids) -> list:
+        """One `[tokens, hidden * (1 + deepstack layers)]` tensor per image: its merged features, then each DeepStack
+        feature."""
+        feats, ds = self.visual(pixel_values, grids)
+        both = torch.cat([feats, *ds], -1)
+        return list(both.split([t * h * w // self.merge**2 for t, h, w in grids]))
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #7b193710
-@patch
-def embed_images(self: Qwen3VLForConditionalGeneration, pixel_values, grids) -> list:
-    """One `[tokens, hidden * (1 + deepstack layers)]` tensor per image: its merged features, then each DeepStack
-    feature."""
-    feats, ds = self.visual(pixel_values, grids)
-    both = torch.cat([feats, *ds], -1)
-    return list(both.split([t * h * w // self.merge**2 for t, h, w in grids]))
+    def process_images(self, image_processor, ids: list, images: list, max_model_len: int, device=None):
+        "`(ids with each image placeholder expanded to its t*h*w/4 tokens, ImageInput per image)`; features made once."
+        if not images:
+            return expand_images(ids, self.image_token_id, [])
+        out = image_processor(images, return_tensors="pt")
+        grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
+        sizes = [t * h * w // self.merge**2 for t, h, w in grids]
+        new, spans = expand_images(ids, self.image_token_id, sizes)
+        if len(new) >= max_model_len:
+            raise MultiModalError(
+                f"the prompt with {len(images)} image(s) of {', '.join(map(str, sizes))} tokens has {len(new)} tokens; "
+                f"the model's context is {max_model_len} tokens"
+            )
+        if device is None:
+            device = next(self.parameters()).device
+        with torch.inference_mode():
+            feats = self.embed_images(out["pixel_values"].to(device), grids)
+        mm, shift = [], 0
+        for (off, n), g, im, f in zip(spans, grids, images, feats, strict=True):
+            p = image_positions(off + shift, g, self.merge)
+            shift += max(g[1], g[2]) // self.merge - n
+            mm.append(ImageInput(off, n, image_hash(im), f, positions=p, rope_shift=shift))
+        return new, tuple(mm)
 
+    def embed_input_ids(self, ids):
+        return self.language_model.model.embed_tokens(ids)
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #52c3ead7
-@patch
-def process_images(
-    self: Qwen3VLForConditionalGeneration, image_processor, ids: list, images: list, max_model_len: int, device=None
-):
-    "`(ids with each image placeholder expanded to its t*h*w/4 tokens, ImageInput per image)`; features computed once."
-    if not images:
-        return expand_images(ids, self.image_token_id, [])
-    out = image_processor(images, return_tensors="pt")
-    grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
-    sizes = [t * h * w // self.merge**2 for t, h, w in grids]
-    new, spans = expand_images(ids, self.image_token_id, sizes)
-    if len(new) >= max_model_len:
-        raise MultiModalError(
-            f"the prompt with {len(images)} image(s) of {', '.join(map(str, sizes))} tokens has {len(new)} tokens; "
-            f"the model's context is {max_model_len} tokens"
-        )
-    if device is None:
-        device = next(self.parameters()).device
-    with torch.inference_mode():
-        feats = self.embed_images(out["pixel_values"].to(device), grids)
-    mm, shift = [], 0
-    for (off, n), g, im, f in zip(spans, grids, images, feats, strict=True):
-        p = image_positions(off + shift, g, self.merge)
-        shift += max(g[1], g[2]) // self.merge - n
-        mm.append(ImageInput(off, n, image_hash(im), f, positions=p, rope_shift=shift))
-    return new, tuple(mm)
+    def bind_kv_cache(self, kv_cache):
+        self.language_model.bind_kv_cache(kv_cache)
 
+    def forward(self, mi: ModelInput) -> torch.Tensor:
+        lm = self.language_model.model
+        x, ds = mi.inputs_embeds, None
+        if x is None:
+            x = lm.embed_tokens(mi.input_ids)
+        elif x.shape[-1] > self.hidden:
+            x, ds = x[:, : self.hidden], x[:, self.hidden :].unflatten(-1, (self.num_deepstack, self.hidden))
+        rot, base = lm.rotary, lm.rotary.cos_sin_cache
+        pos = mi.positions
+        if pos.dim() == 2:  # three rows: each token's own cos|sin rows, read in order
+            rot.cos_sin_cache = ops.mrope_cos_sin(pos, base, self.mrope_section)
+            pos = torch.arange(pos.shape[1], device=pos.device)
+        try:
+            residual = None
+            for i, layer in enumerate(lm.layers):
+                x, residual = layer(pos, x, residual, mi.attn)
+                if ds is not None and i < self.num_deepstack:
+                    x = x + ds[:, i]
+        finally:
+            rot.cos_sin_cache = base
+        h = lm.norm(x, residual)[0]
+        return self.language_model.lm_head(h[mi.logits_indices])
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #951c6161
-@patch
-def embed_input_ids(self: Qwen3VLForConditionalGeneration, ids):
-    return self.language_model.model.embed_tokens(ids)
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #c1c6a9cb
-@patch
-def bind_kv_cache(self: Qwen3VLForConditionalGeneration, kv_cache):
-    self.language_model.bind_kv_cache(kv_cache)
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #60bb01c9
-@patch
-def forward(self: Qwen3VLForConditionalGeneration, mi: ModelInput) -> torch.Tensor:
-    lm = self.language_model.model
-    x, ds = mi.inputs_embeds, None
-    if x is None:
-        x = lm.embed_tokens(mi.input_ids)
-    elif x.shape[-1] > self.hidden:
-        x, ds = x[:, : self.hidden], x[:, self.hidden :].unflatten(-1, (self.num_deepstack, self.hidden))
-    rot, base = lm.rotary, lm.rotary.cos_sin_cache
-    pos = mi.positions
-    if pos.dim() == 2:  # three rows: each token's own cos|sin rows, read in order
-        rot.cos_sin_cache = ops.mrope_cos_sin(pos, base, self.mrope_section)
-        pos = torch.arange(pos.shape[1], device=pos.device)
-    try:
-        residual = None
-        for i, layer in enumerate(lm.layers):
-            x, residual = layer(pos, x, residual, mi.attn)
-            if ds is not None and i < self.num_deepstack:
-                x = x + ds[:, i]
-    finally:
-        rot.cos_sin_cache = base
-    h = lm.norm(x, residual)[0]
-    return self.language_model.lm_head(h[mi.logits_indices])
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #3cc8699a
-@patch
-def route(self: Qwen3VLForConditionalGeneration, name: str):
-    return CausalLM.route(self, qwen3_vl_key(name))
+    def route(self, name: str):
+        return CausalLM.route(self, qwen3_vl_key(name))
 
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #d7baeb37
