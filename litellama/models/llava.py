@@ -7,8 +7,6 @@ Docs: https://litellama.github.io/litellama/nbs/llava.html.md"""
 # %% auto #0
 __all__ = [
     "ACTIVATIONS",
-    "LLAVA_CHAT_TEMPLATE",
-    "LLAVA_SHAPES",
     "LayerNorm",
     "activation",
     "CLIPEncoderLayer",
@@ -17,8 +15,6 @@ __all__ = [
     "LlavaProjector",
     "LlavaForConditionalGeneration",
     "llava_key",
-    "llava_config",
-    "llava_processor",
 ]
 
 # %% ../../nbs/29_llava.ipynb #16983a39
@@ -234,115 +230,3 @@ def llava_key(name: str) -> str:
         if name.startswith(old):
             return new + name[len(old) :]
     return name
-
-
-# %% ../../nbs/29_llava.ipynb #f7f42a10
-LLAVA_CHAT_TEMPLATE = (
-    """{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + ' ' }}{% else %}{{ m['role'].upper() +
-    ': ' }}"""
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    """{% if p['type'] in ('image', 'image_url') %}{{ '<image>\n' }}{% elif p['type'] == 'text' %}{{ p['text'] }}{%
-    endif %}"""
-    "{% endfor %}{% endif %}{{ ' ' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
-)
-
-# %% ../../nbs/29_llava.ipynb #11239b76
-LLAVA_SHAPES = {
-    "tiny-llava": dict(
-        text=dict(
-            model_type="llama",
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=320,
-            max_position_embeddings=512,
-            rms_norm_eps=1e-6,
-            rope_theta=10000.0,
-        ),
-        vision=dict(
-            model_type="clip_vision_model",
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            image_size=28,
-            patch_size=14,
-            projection_dim=32,
-            hidden_act="quick_gelu",
-            layer_norm_eps=1e-5,
-        ),
-    ),
-}
-
-# %% ../../nbs/29_llava.ipynb #f5fd6a32
-LLAVA_SHAPES["llava-1.5-7b"] = dict(
-    text=dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32064,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-    ),
-    vision=dict(
-        model_type="clip_vision_model",
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        image_size=336,
-        patch_size=14,
-        projection_dim=768,
-        hidden_act="quick_gelu",
-        layer_norm_eps=1e-5,
-    ),
-)
-
-
-# %% ../../nbs/29_llava.ipynb #a041c493
-def llava_config(like: str, image_token_id: int, **text_overrides):
-    "A transformers `LlavaConfig` of one of `LLAVA_SHAPES`."
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
-
-    if like not in LLAVA_SHAPES:
-        raise ValueError(f"unknown LLaVA shape '{like}'; known: {', '.join(LLAVA_SHAPES)}")
-    s = LLAVA_SHAPES[like]
-    text = {k: v for k, v in s["text"].items() if k != "model_type"} | text_overrides
-    vision = {k: v for k, v in s["vision"].items() if k != "model_type"}
-    return LlavaConfig(
-        vision_config=CLIPVisionConfig(**vision),
-        text_config=LlamaConfig(**text),
-        image_token_index=image_token_id,
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        projector_hidden_act="gelu",
-        image_seq_length=(vision["image_size"] // vision["patch_size"]) ** 2,
-        architectures=["LlavaForConditionalGeneration"],
-    )
-
-
-# %% ../../nbs/29_llava.ipynb #52311cd2
-def llava_processor(tokenizer, image_size: int, patch_size: int = 14):
-    """transformers' `LlavaProcessor` for a CLIP tower of `image_size` px (its PIL image backend), with the LLaVA-1.5
-    chat template."""
-    from transformers import LlavaProcessor
-    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
-
-    ip = CLIPImageProcessorPil(
-        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
-    )
-    return LlavaProcessor(
-        image_processor=ip,
-        tokenizer=tokenizer,
-        patch_size=patch_size,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        image_token="<image>",
-        chat_template=LLAVA_CHAT_TEMPLATE,
-    )

@@ -6,8 +6,6 @@ Docs: https://litellama.github.io/litellama/nbs/qwen3_vl_2_model.html.md"""
 
 # %% auto #0
 __all__ = [
-    "QWEN3_VL_CHAT_TEMPLATE",
-    "QWEN3_VL_SHAPES",
     "image_positions",
     "mrope_positions",
     "expand_images",
@@ -15,8 +13,6 @@ __all__ = [
     "Qwen3VLForConditionalGeneration",
     "image_token_counts",
     "qwen3_vl_key",
-    "qwen3_vl_config",
-    "qwen3_vl_image_processor",
 ]
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #c4b61610
@@ -190,121 +186,3 @@ def qwen3_vl_key(name: str) -> str:
         if name.startswith(old):
             return new + name[len(old) :]
     return name
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #43d062f8
-QWEN3_VL_CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['content'] is string %}{{ m['content'] }}"
-    """{% else %}{% for p in m['content'] %}{% if p['type'] in ('image', 'image_url') %}{{
-    '<|vision_start|><|image_pad|><|vision_end|>' }}"""
-    "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #bbb1813f
-QWEN3_VL_SHAPES = {
-    "tiny-qwen3-vl": dict(
-        text=dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            vocab_size=320,
-            max_position_embeddings=1024,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            rope_parameters=dict(
-                rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3], mrope_interleaved=True
-            ),
-        ),
-        vision=dict(
-            depth=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=4,
-            patch_size=16,
-            temporal_patch_size=2,
-            spatial_merge_size=2,
-            out_hidden_size=64,
-            num_position_embeddings=16,
-            deepstack_visual_indexes=[0],
-            hidden_act="gelu_pytorch_tanh",
-        ),
-        pixels=(32 * 32, 256 * 256),
-    ),
-}
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #5d055cb7
-QWEN3_VL_SHAPES["qwen3-vl-4b"] = dict(
-    text=dict(
-        hidden_size=2560,
-        intermediate_size=9728,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        max_position_embeddings=262144,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        rope_parameters=dict(
-            rope_type="default", rope_theta=5000000.0, mrope_section=[24, 20, 20], mrope_interleaved=True
-        ),
-    ),
-    vision=dict(
-        depth=24,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_heads=16,
-        patch_size=16,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-        out_hidden_size=2560,
-        num_position_embeddings=2304,
-        deepstack_visual_indexes=[5, 11, 17],
-        hidden_act="gelu_pytorch_tanh",
-    ),
-    pixels=(65536, 16777216),
-)
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #7412960b
-def qwen3_vl_config(
-    like: str, image_token_id: int, vision_start_token_id: int, vision_end_token_id: int, **text_overrides
-):
-    "A transformers `Qwen3VLConfig` of one of `QWEN3_VL_SHAPES`."
-    from transformers import Qwen3VLConfig
-
-    if like not in QWEN3_VL_SHAPES:
-        raise ValueError(f"unknown Qwen3-VL shape '{like}'; known: {', '.join(QWEN3_VL_SHAPES)}")
-    s = QWEN3_VL_SHAPES[like]
-    text = {**s["text"], **text_overrides}
-    return Qwen3VLConfig(
-        text_config=text,
-        vision_config=dict(s["vision"]),
-        image_token_id=image_token_id,
-        video_token_id=image_token_id,
-        vision_start_token_id=vision_start_token_id,
-        vision_end_token_id=vision_end_token_id,
-        tie_word_embeddings=text["tie_word_embeddings"],
-        architectures=["Qwen3VLForConditionalGeneration"],
-    )
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #abba9402
-def qwen3_vl_image_processor(like: str):
-    """transformers' PIL image processor with Qwen3-VL's settings: 16-px patches, 2x2 merge (sizes multiples of 32),
-    mean and std 0.5."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    lo, hi = QWEN3_VL_SHAPES[like]["pixels"]
-    return Qwen2VLImageProcessorPil(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        size={"shortest_edge": lo, "longest_edge": hi},
-    )
