@@ -23,15 +23,17 @@ import importlib
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
 
 
 # %% ../../nbs/02a_linear.ipynb #34206883
-def head_dim(config) -> int:
+def head_dim(config: PretrainedConfig) -> int:
     "The size of one attention head: `config.head_dim` where the checkpoint sets it, else hidden size / heads."
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
@@ -172,7 +174,7 @@ class QuantConfig(ABC):
         raise ValueError(f"'{name}' is a checkpoint format, not a scheme to quantize with at load time")
 
     @classmethod
-    def from_hf(cls, qc: dict, model_dir=None) -> "QuantConfig":
+    def from_hf(cls, qc: dict, model_dir: str | Path | None = None) -> "QuantConfig":
         "The scheme a checkpoint's `quantization_config` describes."
         raise ValueError(f"'{qc.get('quant_method')}' is not a checkpoint format litellama reads")
 
@@ -199,7 +201,9 @@ QUANT_SCHEMES: dict[str, str] = {}  # name -> "module:QuantConfig subclass", imp
 
 
 # %% ../../nbs/02a_linear.ipynb #342324bc
-def get_quant_config(spec: "str | dict | QuantConfig | None", model_dir=None) -> QuantConfig | None:
+def get_quant_config(
+    spec: "str | dict | QuantConfig | None", model_dir: str | Path | None = None
+) -> QuantConfig | None:
     "None, a `QuantConfig`, a scheme name to quantize with at load, or a checkpoint's `quantization_config` dict."
     if spec is None or isinstance(spec, QuantConfig):
         return spec

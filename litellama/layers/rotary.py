@@ -10,12 +10,13 @@ __all__ = ["SUPPORTED_ROPE", "rope_parameters", "rope_inv_freq", "RotaryEmbeddin
 # %% ../../nbs/02c_rotary.ipynb #4b106707
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
 
 
 # %% ../../nbs/02c_rotary.ipynb #b8b4524e
-def rope_parameters(config) -> dict:
+def rope_parameters(config: PretrainedConfig) -> dict:
     "The rope settings of `config` as one dict with `rope_type` and `rope_theta` (transformers 4.x and 5.x layouts)."
     params = dict(getattr(config, "rope_parameters", None) or {})
     if not params or "rope_theta" not in params:
@@ -30,7 +31,7 @@ SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 # %% ../../nbs/02c_rotary.ipynb #02f92121
-def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
+def rope_inv_freq(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
     "`(inv_freq [head_dim/2], attention_factor)` for `config`'s rope type."
     p = rope_parameters(config)
     kind = p["rope_type"]
@@ -48,7 +49,9 @@ def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
 class RotaryEmbedding(nn.Module):
     "Holds the `[max_positions, head_dim]` cos|sin table and applies it through the registry."
 
-    def __init__(self, config, head_dim: int, max_positions: int, device: torch.device | str | None = None):
+    def __init__(
+        self, config: PretrainedConfig, head_dim: int, max_positions: int, device: torch.device | str | None = None
+    ):
         super().__init__()
         with torch.device("cpu"):  # whatever default device the model is built under
             inv_freq, factor = rope_inv_freq(config, head_dim)

@@ -18,12 +18,16 @@ __all__ = [
 ]
 
 # %% ../../nbs/29_llava.ipynb #16983a39
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
 from ..layers.attention import ModelInput
-from ..layers.linear import Linear
+from ..layers.linear import Linear, QuantConfig
 from .decoder import CausalLM, LlamaForCausalLM
 
 
@@ -31,13 +35,15 @@ from .decoder import CausalLM, LlamaForCausalLM
 class LayerNorm(nn.Module):
     "LayerNorm with weight and bias, through the registry."
 
-    def __init__(self, dim: int, eps: float, dtype=None, device=None):
+    def __init__(
+        self, dim: int, eps: float, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
 
@@ -46,7 +52,7 @@ ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu"}
 
 
 # %% ../../nbs/29_llava.ipynb #59794ae0
-def activation(name: str):
+def activation(name: str) -> Callable:
     "The registry op for an HF `hidden_act` name; a clear error for others."
     if name not in ACTIVATIONS:
         raise ValueError(f"unsupported activation '{name}'; supported: {', '.join(ACTIVATIONS)}")
@@ -57,7 +63,12 @@ def activation(name: str):
 class CLIPEncoderLayer(nn.Module):
     "`x + attn(ln1(x))`, then `x + fc2(act(fc1(ln2(x))))`, over `[images * patches, hidden]` rows."
 
-    def __init__(self, vc, dtype=None, device=None):
+    self_attn: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+    mlp: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         H, eps = vc.hidden_size, vc.layer_norm_eps
         self.num_heads, self.head_dim = vc.num_attention_heads, H // vc.num_attention_heads
@@ -70,7 +81,7 @@ class CLIPEncoderLayer(nn.Module):
         self.mlp.fc2 = Linear(vc.intermediate_size, H, True, dtype=dtype, device=device)
         self.act = activation(vc.hidden_act)
 
-    def forward(self, x, num_images: int):
+    def forward(self, x: torch.Tensor, num_images: int) -> torch.Tensor:
         h = self.layer_norm1(x)
         q, k, v = (
             t.reshape(num_images, -1, self.num_heads, self.head_dim) for t in self.self_attn.qkv_proj(h).chunk(3, -1)
@@ -83,7 +94,12 @@ class CLIPEncoderLayer(nn.Module):
 class CLIPVisionEmbeddings(nn.Module):
     "Patches through the (conv-as-matmul) patch embedding, a CLS token in front, learned position embeddings added."
 
-    def __init__(self, vc, dtype=None, device=None):
+    patch_embedding: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+    position_embedding: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         H, p = vc.hidden_size, vc.patch_size
         self.image_size, self.patch_size = vc.image_size, p
@@ -98,7 +114,7 @@ class CLIPVisionEmbeddings(nn.Module):
             torch.empty(self.num_patches + 1, H, dtype=dtype, device=device), requires_grad=False
         )
 
-    def forward(self, pixel_values):
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         B, C, S, _ = pixel_values.shape
         if S != self.image_size or pixel_values.shape[-1] != self.image_size:
             raise ValueError(
@@ -117,7 +133,11 @@ class CLIPVisionEmbeddings(nn.Module):
 class CLIPVisionTower(nn.Module):
     "CLIP ViT: embeddings, `pre_layrnorm`, encoder layers; returns the hidden state(s) of `feature_layers`."
 
-    def __init__(self, vc, dtype=None, device=None):
+    encoder: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         self.embeddings = CLIPVisionEmbeddings(vc, dtype, device)
         self.pre_layrnorm = LayerNorm(vc.hidden_size, vc.layer_norm_eps, dtype, device)  # sic: CLIP's spelling
@@ -127,7 +147,7 @@ class CLIPVisionTower(nn.Module):
             vc.hidden_size, vc.layer_norm_eps, dtype, device
         )  # the pooled output only: unused
 
-    def forward(self, pixel_values, feature_layers: list) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, feature_layers: list) -> torch.Tensor:
         "`[images, patches + 1, hidden * len(feature_layers)]`."
         n_states = len(self.encoder.layers) + 1
         idx = [i % n_states for i in feature_layers]
@@ -143,13 +163,21 @@ class CLIPVisionTower(nn.Module):
 class LlavaProjector(nn.Module):
     "`linear_2(act(linear_1(features)))`: vision width to the language model's width."
 
-    def __init__(self, in_dim: int, out_dim: int, act: str, bias: bool = True, dtype=None, device=None):
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        act: str,
+        bias: bool = True,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         self.linear_1 = Linear(in_dim, out_dim, bias, dtype=dtype, device=device)
         self.linear_2 = Linear(out_dim, out_dim, bias, dtype=dtype, device=device)
         self.act = activation(act)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(x)))
 
 
@@ -160,7 +188,13 @@ class LlavaForConditionalGeneration(nn.Module):
 
     packed_modules, ignored_suffixes = CausalLM.packed_modules, CausalLM.ignored_suffixes
 
-    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype | None = torch.float32,
+        device: torch.device | str | None = "cpu",
+        quant: QuantConfig | None = None,
+    ):
         super().__init__()
         tc, vc = config.text_config, config.vision_config
         if getattr(tc, "model_type", "llama") != "llama":
@@ -204,12 +238,12 @@ class LlavaForConditionalGeneration(nn.Module):
     def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.model.embed_tokens(ids)
 
-    def bind_kv_cache(self, kv_cache):
+    def bind_kv_cache(self, kv_cache: Iterable) -> None:
         self.language_model.bind_kv_cache(kv_cache)
 
-    def route(self, name: str):
+    def route(self, name: str) -> tuple[Any, str, Any]:
         "Where checkpoint tensor `name` (any of the three spellings below) loads: `(module, param_name, shard)`."
-        return CausalLM.route(self, llava_key(name))
+        return CausalLM.route(self, llava_key(name))  # type: ignore[arg-type]  # the same lookup, over this model
 
 
 # %% ../../nbs/29_llava.ipynb #e2ae7530

@@ -16,16 +16,19 @@ __all__ = [
 ]
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #1924fadd
+from typing import Any
+
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
-from ..layers.linear import Linear
+from ..layers.linear import Linear, QuantConfig
 from .decoder import MODEL_REGISTRY, MODEL_TYPES, CausalLM, model_class
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #d74d2a8d
-def num_experts(config) -> int:
+def num_experts(config: PretrainedConfig) -> int:
     "The routed expert count of `config`, named `num_experts` or `num_local_experts`."
     n = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     if not n:
@@ -34,7 +37,7 @@ def num_experts(config) -> int:
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #ea3fe982
-def is_sparse_layer(config, layer_idx: int) -> bool:
+def is_sparse_layer(config: PretrainedConfig, layer_idx: int) -> bool:
     "Does layer `layer_idx` carry the sparse MoE block (Qwen3-MoE's rule)?"
     step = getattr(config, "decoder_sparse_step", 1) or 1
     return layer_idx not in (getattr(config, "mlp_only_layers", None) or []) and (layer_idx + 1) % step == 0
@@ -45,7 +48,13 @@ class FusedMoE(nn.Module):
     "Every expert's gate|up `[E, 2I, H]` and down `[E, H, I]` projections, stacked (fp8, block-scaled, if `fp8_block`)"
 
     def __init__(
-        self, num_experts: int, hidden: int, intermediate: int, dtype=None, device=None, fp8_block: int | None = None
+        self,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        fp8_block: int | None = None,
     ):
         super().__init__()
         self.num_experts, self.hidden, self.intermediate, self.fp8_block = num_experts, hidden, intermediate, fp8_block
@@ -61,9 +70,9 @@ class FusedMoE(nn.Module):
             cb = lambda n: -(-n // fp8_block)
             self.gate_up_proj_scale_inv = new(E, cb(2 * Im), cb(H), dt=torch.float32)
             self.down_proj_scale_inv = new(E, cb(H), cb(Im), dt=torch.float32)
-        self._whole = set()  # parameters loaded in one piece
+        self._whole: set[str] = set()  # parameters loaded in one piece
 
-    def _target(self, pname: str, shard):
+    def _target(self, pname: str, shard: tuple) -> torch.Tensor:
         "The slice of `pname` that per-expert `shard = (expert, part)` fills."
         e, part = shard
         if not 0 <= e < self.num_experts:
@@ -74,7 +83,7 @@ class FusedMoE(nn.Module):
         rows = t.shape[0] // 2  # I weight rows, or I / block scale rows
         return t.narrow(0, 0 if part == "gate" else rows, rows)
 
-    def load_weight(self, param_name: str, tensor: torch.Tensor, shard=None):
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: tuple | None = None) -> None:
         "Copy a checkpoint tensor into `param_name`: whole (`shard=None`) or one expert's `(e, part)` slice."
         target = getattr(self, param_name).data if shard is None else self._target(param_name, shard)
         if tuple(tensor.shape) != tuple(target.shape):
@@ -83,14 +92,14 @@ class FusedMoE(nn.Module):
         if shard is None:
             self._whole.add(param_name)
 
-    def expected_shards(self, param_name: str):
+    def expected_shards(self, param_name: str) -> list:
         "The pieces the loader must fill: the whole tensor if it came whole, else every expert's part."
         if param_name in self._whole:
             return [None]
         parts = ("down",) if param_name.startswith("down") else ("gate", "up")
         return [(e, p) for e in range(self.num_experts) for p in parts]
 
-    def forward(self, x, topk_weights, topk_ids):
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         scales = (self.gate_up_proj_scale_inv, self.down_proj_scale_inv) if self.fp8_block else (None, None)
         return ops.fused_moe(
             x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, *scales, self.fp8_block or 128
@@ -101,7 +110,13 @@ class FusedMoE(nn.Module):
 class SparseMoeBlock(nn.Module):
     "Router `gate [E, H]` + top-k + `FusedMoE` experts: Qwen3-MoE's `mlp` on a sparse layer."
 
-    def __init__(self, config, dtype=None, device=None, fp8_block: int | None = None):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        fp8_block: int | None = None,
+    ):
         super().__init__()
         E, H = num_experts(config), config.hidden_size
         self.top_k, self.renormalize = int(config.num_experts_per_tok), bool(getattr(config, "norm_topk_prob", False))
@@ -110,13 +125,13 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(H, E, False, dtype, device)
         self.experts = FusedMoE(E, H, config.moe_intermediate_size, dtype, device, fp8_block)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = ops.moe_topk(self.gate(x), self.top_k, self.renormalize)
         return self.experts(x, topk_weights, topk_ids)
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #697fefc6
-def fp8_block_size(quant) -> int | None:
+def fp8_block_size(quant: QuantConfig | None) -> int | None:
     "The square scale block of a block-fp8 `quant` config (None without quantisation); other schemes are refused."
     if quant is None:
         return None
@@ -140,18 +155,26 @@ class Qwen3MoeForCausalLM(CausalLM):
     expert_parts = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
     @classmethod
-    def check_config(cls, config):
+    def check_config(cls, config: PretrainedConfig) -> None:
         super().check_config(config)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"{cls.__name__}: hidden_act '{config.hidden_act}' is not supported (silu only)")
         num_experts(config)
 
-    def make_mlp(self, config, layer_idx, dtype, device, quant, prefix):
+    def make_mlp(
+        self,
+        config: PretrainedConfig,
+        layer_idx: int,
+        dtype: torch.dtype | None,
+        device: torch.device | str | None,
+        quant: QuantConfig | None,
+        prefix: str,
+    ):
         if not is_sparse_layer(config, layer_idx):
             return super().make_mlp(config, layer_idx, dtype, device, quant, prefix)
         return SparseMoeBlock(config, dtype, device, fp8_block_size(quant))
 
-    def route(self, name: str):
+    def route(self, name: str) -> tuple[Any, str, Any]:
         "Per-expert `...experts.{e}.{gate,up,down}_proj.{weight,weight_scale_inv}` to `(experts, stacked, (e, part))`."
         p = name.split(".")
         if len(p) >= 4 and p[-4] == "experts" and p[-3].isdigit() and p[-2] in self.expert_parts:
@@ -170,7 +193,9 @@ MODEL_REGISTRY["Qwen3MoeForCausalLM"] = MODEL_TYPES["qwen3_moe"] = Qwen3MoeForCa
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #8f3c5457
 @torch.no_grad()
-def random_model(config, dtype=torch.bfloat16, device="cuda", seed: int = 0):
+def random_model(
+    config: PretrainedConfig, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda", seed: int = 0
+) -> nn.Module:
     "A model of `config`'s registered class on `device`, random 16-bit weights drawn as `make_random_checkpoint` does."
     with torch.device(device):
         model = model_class(config)(config, dtype=dtype, device=device)

@@ -11,23 +11,27 @@ __all__ = [
     "expand_images",
     "token_types",
     "Qwen3VLForConditionalGeneration",
-    "image_token_counts",
     "qwen3_vl_key",
 ]
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #c4b61610
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
 from ..layers.attention import ModelInput
+from ..layers.linear import QuantConfig
 from ..multimodal.processing import ImageInput, MultiModalError, image_hash, repeat_placeholders
 from .decoder import CausalLM, Qwen3ForCausalLM
 from .qwen3_vl_vision import Qwen3VLVisionModel
 
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #7708e9fe
-def image_positions(start: int, grid, merge: int) -> torch.Tensor:
+def image_positions(start: int, grid: torch.Tensor | tuple | list, merge: int) -> torch.Tensor:
     "`[3, t*h*w/merge^2]` (time, height, width) positions of one image's tokens, its merged grid offset by `start`."
     t, h, w = (int(grid[0]), int(grid[1]) // merge, int(grid[2]) // merge)
     tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
@@ -35,7 +39,7 @@ def image_positions(start: int, grid, merge: int) -> torch.Tensor:
 
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #35460aea
-def mrope_positions(num_tokens: int, spans, grids, merge: int):
+def mrope_positions(num_tokens: int, spans: list, grids: torch.Tensor | list, merge: int) -> tuple[torch.Tensor, int]:
     """`(positions [3, num_tokens], rope_delta)` of a prompt whose images sit at `spans` `[(offset, length)]` with
     patch grids `grids`."""
     rows, shift, prev = [], 0, 0
@@ -52,7 +56,7 @@ def mrope_positions(num_tokens: int, spans, grids, merge: int):
 
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #5d5d15b9
-def expand_images(ids: list, image_token_id: int, sizes: list):
+def expand_images(ids: list, image_token_id: int, sizes: list) -> tuple[list, list]:
     """`(ids with the i-th image placeholder repeated sizes[i] times, [(offset, length)] per image)`; already
     expanded runs are kept."""
     pos = [i for i, t in enumerate(ids) if t == image_token_id]
@@ -81,7 +85,13 @@ class Qwen3VLForConditionalGeneration(nn.Module):
     uses_mrope = True
     num_image_tokens = None  # depends on each image's size
 
-    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype | None = torch.float32,
+        device: torch.device | str | None = "cpu",
+        quant: QuantConfig | None = None,
+    ):
         super().__init__()
         tc, vc = config.text_config, config.vision_config
         self.config, self.text_config = config, tc
@@ -97,14 +107,21 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         self.num_deepstack = len(vc.deepstack_visual_indexes)
         self.hidden = tc.hidden_size
 
-    def embed_images(self, pixel_values, grids) -> list:
+    def embed_images(self, pixel_values: torch.Tensor, grids: torch.Tensor | list) -> list:
         """One `[tokens, hidden * (1 + deepstack layers)]` tensor per image: its merged features, then each DeepStack
         feature."""
         feats, ds = self.visual(pixel_values, grids)
         both = torch.cat([feats, *ds], -1)
         return list(both.split([t * h * w // self.merge**2 for t, h, w in grids]))
 
-    def process_images(self, image_processor, ids: list, images: list, max_model_len: int, device=None):
+    def process_images(
+        self,
+        image_processor: Any,
+        ids: list,
+        images: list,
+        max_model_len: int,
+        device: torch.device | str | None = None,
+    ) -> tuple:
         "`(ids with each image placeholder expanded to its t*h*w/4 tokens, ImageInput per image)`; features made once."
         if not images:
             return expand_images(ids, self.image_token_id, [])
@@ -128,10 +145,10 @@ class Qwen3VLForConditionalGeneration(nn.Module):
             mm.append(ImageInput(off, n, image_hash(im), f, positions=p, rope_shift=shift))
         return new, tuple(mm)
 
-    def embed_input_ids(self, ids):
+    def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.model.embed_tokens(ids)
 
-    def bind_kv_cache(self, kv_cache):
+    def bind_kv_cache(self, kv_cache: Iterable) -> None:
         self.language_model.bind_kv_cache(kv_cache)
 
     def forward(self, mi: ModelInput) -> torch.Tensor:
@@ -157,17 +174,13 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         h = lm.norm(x, residual)[0]
         return self.language_model.lm_head(h[mi.logits_indices])
 
-    def route(self, name: str):
-        return CausalLM.route(self, qwen3_vl_key(name))
+    def route(self, name: str) -> tuple[Any, str, Any]:
+        return CausalLM.route(self, qwen3_vl_key(name))  # type: ignore[arg-type]  # the same lookup, over this model
 
+    def image_token_counts(self, image_processor: Any, images: list) -> list:
+        "Each image's number of tokens from its size alone (the image processor's resize rule), no pixel processed."
+        return [image_processor.get_number_of_image_patches(im.height, im.width, {}) // self.merge**2 for im in images]
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #d7baeb37
-def image_token_counts(self, image_processor, images) -> list:
-    "Each image's number of tokens from its size alone (the image processor's resize rule), no pixel processed."
-    return [image_processor.get_number_of_image_patches(im.height, im.width, {}) // self.merge**2 for im in images]
-
-
-Qwen3VLForConditionalGeneration.image_token_counts = image_token_counts
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #49b0c866
 _PREFIXES = (

@@ -8,9 +8,12 @@ Docs: https://litellama.github.io/litellama/nbs/qwen3_vl_1_vision.html.md"""
 __all__ = ["VISION_ACTS", "VisionMLP", "VisionBlock", "PatchMerger", "Qwen3VLVisionModel"]
 
 # %% ../../nbs/30_qwen3_vl_1_vision.ipynb #a6ff0f99
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
 from ..layers.linear import Linear
@@ -18,7 +21,7 @@ from .llava import LayerNorm
 
 
 # %% ../../nbs/30_qwen3_vl_1_vision.ipynb #19202365
-def _gelu_tanh(x):
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x.float(), approximate="tanh").to(x.dtype)
 
 
@@ -28,7 +31,9 @@ VISION_ACTS = {"gelu_pytorch_tanh": _gelu_tanh, "gelu": lambda x: ops.gelu(x)}
 
 # %% ../../nbs/30_qwen3_vl_1_vision.ipynb #1e78b4df
 class VisionMLP(nn.Module):
-    def __init__(self, vc, dtype=None, device=None):
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         if vc.hidden_act not in VISION_ACTS:
             raise ValueError(f"unsupported vision hidden_act '{vc.hidden_act}'; supported: {', '.join(VISION_ACTS)}")
@@ -36,7 +41,7 @@ class VisionMLP(nn.Module):
         self.linear_fc2 = Linear(vc.intermediate_size, vc.hidden_size, True, dtype, device)
         self.act = VISION_ACTS[vc.hidden_act]
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(self.act(self.linear_fc1(x)))
 
 
@@ -44,7 +49,11 @@ class VisionMLP(nn.Module):
 class VisionBlock(nn.Module):
     "`x + proj(attn(rope(qkv(norm1(x)))))`, then `x + mlp(norm2(x))`; attention within each image only."
 
-    def __init__(self, vc, dtype=None, device=None):
+    attn: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         H = vc.hidden_size
         self.num_heads, self.head_dim = vc.num_heads, H // vc.num_heads
@@ -54,7 +63,7 @@ class VisionBlock(nn.Module):
         self.attn.proj = Linear(H, H, True, dtype, device)
         self.mlp = VisionMLP(vc, dtype, device)
 
-    def forward(self, x, cos_sin, cu_seqlens: list):
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, cu_seqlens: list) -> torch.Tensor:
         N = x.shape[0]
         q, k, v = self.attn.qkv(self.norm1(x)).view(N, 3, self.num_heads, self.head_dim).unbind(1)
         q, k = ops.rotary_embedding(torch.arange(N, device=x.device), q, k, cos_sin)
@@ -72,7 +81,13 @@ class VisionBlock(nn.Module):
 class PatchMerger(nn.Module):
     "LayerNorm (before or after gathering each 2x2 block), then `fc2(gelu(fc1(block)))`: four patches become one token."
 
-    def __init__(self, vc, postshuffle: bool, dtype=None, device=None):
+    def __init__(
+        self,
+        vc: PretrainedConfig,
+        postshuffle: bool,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         self.width = vc.hidden_size * vc.spatial_merge_size**2
         self.postshuffle = postshuffle
@@ -80,7 +95,7 @@ class PatchMerger(nn.Module):
         self.linear_fc1 = Linear(self.width, self.width, True, dtype, device)
         self.linear_fc2 = Linear(self.width, vc.out_hidden_size, True, dtype, device)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x.reshape(-1, self.width)) if self.postshuffle else self.norm(x).reshape(-1, self.width)
         return self.linear_fc2(ops.gelu(self.linear_fc1(x)))
 
@@ -89,7 +104,12 @@ class PatchMerger(nn.Module):
 class Qwen3VLVisionModel(nn.Module):
     "Patch embedding, interpolated learned positions, 2-D rotary blocks, the merger and the DeepStack mergers."
 
-    def __init__(self, vc, dtype=None, device=None):
+    patch_embed: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+    pos_embed: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         H, p, tp = vc.hidden_size, vc.patch_size, vc.temporal_patch_size
         self.merge, self.hidden = vc.spatial_merge_size, H
@@ -114,20 +134,20 @@ class Qwen3VLVisionModel(nn.Module):
             PatchMerger(vc, True, dtype, device) for _ in self.deepstack_visual_indexes
         )
 
-    def _block_order(self, h: int, w: int):
+    def _block_order(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         "Row and column of each patch in the processor's order: 2x2 merge blocks in raster order, raster inside each."
         m = self.merge
         r = torch.arange(h, device="cpu").view(h // m, 1, m, 1).expand(-1, w // m, -1, m).reshape(-1)
         c = torch.arange(w, device="cpu").view(1, w // m, 1, m).expand(h // m, -1, m, -1).reshape(-1)
         return r, c
 
-    def pos_embeds(self, grids) -> torch.Tensor:
+    def pos_embeds(self, grids: torch.Tensor | list) -> torch.Tensor:
         "The learned `side x side` position table resampled bilinearly (corners aligned) to each image's patch grid."
         out, E = [], self.pos_embed.weight
         for t, h, w in grids:
             r, c = self._block_order(h, w)
 
-            def taps(i, n):
+            def taps(i: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
                 src = i.float() * (self.side - 1) / max(n - 1, 1)
                 lo = src.floor()
                 f = src - lo
@@ -143,7 +163,7 @@ class Qwen3VLVisionModel(nn.Module):
             out.append((E[idx] * wts[:, :, None].to(E.dtype)).sum(1).repeat(t, 1))
         return torch.cat(out)
 
-    def rotary(self, grids, device) -> torch.Tensor:
+    def rotary(self, grids: torch.Tensor | list, device: torch.device | str | None) -> torch.Tensor:
         """`[patches, head_dim]` cos|sin of each patch: the first half of the frequencies turn with its row, the second
         with its column."""
         rows = []
@@ -153,7 +173,7 @@ class Qwen3VLVisionModel(nn.Module):
             rows.append(torch.cat([ang.cos(), ang.sin()], -1).repeat(t, 1))
         return torch.cat(rows).to(device)
 
-    def forward(self, pixel_values, grids):
+    def forward(self, pixel_values: torch.Tensor, grids: torch.Tensor | list) -> tuple[torch.Tensor, list]:
         """`(merged [tokens, out_hidden], [deepstack features [tokens, out_hidden] per index])` for patches of images
         `grids` `[(t, h, w)]`."""
         w = self.patch_embed.proj.weight

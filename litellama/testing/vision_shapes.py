@@ -16,6 +16,11 @@ __all__ = [
     "qwen3_vl_image_processor",
 ]
 
+# %% ../../nbs/29b_vision_shapes.ipynb #9a1c0008
+from typing import Any
+
+from transformers import PretrainedConfig
+
 # %% ../../nbs/29b_vision_shapes.ipynb #f7f42a10
 LLAVA_CHAT_TEMPLATE = (
     """{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + ' ' }}{% else %}{{ m['role'].upper() +
@@ -27,7 +32,7 @@ LLAVA_CHAT_TEMPLATE = (
 )
 
 # %% ../../nbs/29b_vision_shapes.ipynb #11239b76
-LLAVA_SHAPES = {
+LLAVA_SHAPES: dict[str, dict[str, Any]] = {
     "tiny-llava": dict(
         text=dict(
             model_type="llama",
@@ -86,7 +91,7 @@ LLAVA_SHAPES["llava-1.5-7b"] = dict(
 
 
 # %% ../../nbs/29b_vision_shapes.ipynb #a041c493
-def llava_config(like: str, image_token_id: int, **text_overrides):
+def llava_config(like: str, image_token_id: int, **text_overrides: Any) -> PretrainedConfig:
     "A transformers `LlavaConfig` of one of `LLAVA_SHAPES`."
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 
@@ -108,7 +113,7 @@ def llava_config(like: str, image_token_id: int, **text_overrides):
 
 
 # %% ../../nbs/29b_vision_shapes.ipynb #52311cd2
-def llava_processor(tokenizer, image_size: int, patch_size: int = 14):
+def llava_processor(tokenizer: Any, image_size: int, patch_size: int = 14) -> Any:
     """transformers' `LlavaProcessor` for a CLIP tower of `image_size` px (its PIL image backend), with the LLaVA-1.5
     chat template."""
     from transformers import LlavaProcessor
@@ -138,7 +143,7 @@ QWEN3_VL_CHAT_TEMPLATE = (
 )
 
 # %% ../../nbs/29b_vision_shapes.ipynb #bbb1813f
-QWEN3_VL_SHAPES = {
+QWEN3_VL_SHAPES: dict[str, dict[str, Any]] = {
     "tiny-qwen3-vl": dict(
         text=dict(
             hidden_size=64,
@@ -208,8 +213,8 @@ QWEN3_VL_SHAPES["qwen3-vl-4b"] = dict(
 
 # %% ../../nbs/29b_vision_shapes.ipynb #7412960b
 def qwen3_vl_config(
-    like: str, image_token_id: int, vision_start_token_id: int, vision_end_token_id: int, **text_overrides
-):
+    like: str, image_token_id: int, vision_start_token_id: int, vision_end_token_id: int, **text_overrides: Any
+) -> PretrainedConfig:
     "A transformers `Qwen3VLConfig` of one of `QWEN3_VL_SHAPES`."
     from transformers import Qwen3VLConfig
 
@@ -230,7 +235,7 @@ def qwen3_vl_config(
 
 
 # %% ../../nbs/29b_vision_shapes.ipynb #abba9402
-def qwen3_vl_image_processor(like: str):
+def qwen3_vl_image_processor(like: str) -> Any:
     """transformers' PIL image processor with Qwen3-VL's settings: 16-px patches, 2x2 merge (sizes multiples of 32),
     mean and std 0.5."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
