@@ -281,8 +281,9 @@ def _swap(
 
 # %% ../../nbs/25_parallel_layers.ipynb #dd1702f8
 @torch.no_grad()
-def parallelize(model: Any, config: PretrainedConfig, rank: int, size: int) -> nn.Module:
-    "Replace `model`'s (built from `rank_config(config, size)`) linears and vocabulary layers by their parallel twins."
+def parallelize(model: Any, config: PretrainedConfig, rank: int, size: int) -> Any:
+    """Replace `model`'s (built from `rank_config(config, size)`) linears and vocabulary layers by their parallel twins
+    (`model`: a CausalLM of models/, a floor above, reached by its attribute names)."""
     if size == 1:
         return model
     H, D = config.hidden_size, head_dim(config)
