@@ -8,10 +8,20 @@ Docs: https://litellama.github.io/litellama/nbs/utils.html.md"""
 __all__ = ["patch", "cache_dir", "data_file"]
 
 # %% ../nbs/00_utils.ipynb #a4f7ec32
+import abc
 import functools
 import importlib.resources
 import os
 from pathlib import Path
+
+
+# %% ../nbs/00_utils.ipynb #b7e1a0c2
+def _refresh_abstract(cls: type) -> None:
+    "Recount the abstract methods of `cls` and its subclasses (an ABC counts them once, when its class is made)."
+    if isinstance(cls, abc.ABCMeta):
+        abc.update_abstractmethods(cls)
+    for sub in cls.__subclasses__():
+        _refresh_abstract(sub)
 
 
 # %% ../nbs/00_utils.ipynb #8faeb920
@@ -28,6 +38,7 @@ def patch(f=None, *, as_prop: bool = False, cls_method: bool = False):
     for c in cls if isinstance(cls, tuple) else (cls,):
         f.__qualname__ = f"{c.__name__}.{f.__name__}"
         setattr(c, f.__name__, property(f) if as_prop else classmethod(f) if cls_method else f)
+        _refresh_abstract(c)
     return f
 
 

@@ -36,7 +36,8 @@ from common import (
 part = lambda name: guarded(RES, name)  # run one part; record its error and go on
 RES.update(run_info(DRY), command=" ".join([sys.executable, *sys.argv]), shape=LIKE, dtype=str(DT))
 from transformers import LlavaForConditionalGeneration as HFLlava
-from litellama.models.llava import LlavaForConditionalGeneration, llava_config
+from litellama.models.llava import LlavaForConditionalGeneration
+from litellama.testing.vision_shapes import llava_config
 from litellama.models.decoder import load_weights
 from litellama.sampling_params import SamplingParams
 

@@ -63,6 +63,7 @@ def save():
 RES.update(run_info(DRY), command=" ".join([sys.executable, *sys.argv]), shape=LIKE, dtype=str(DT))
 from PIL import Image
 from litellama.models import qwen3_vl as Q
+from litellama.testing import vision_shapes as S
 from litellama.testing.vision_checkpoints import qwen3_vl_tokenizer
 from litellama.models.decoder import load_weights
 from litellama.sampling_params import SamplingParams
@@ -78,7 +79,7 @@ def _():
     from transformers import Qwen3VLProcessor
 
     tok = qwen3_vl_tokenizer()
-    pil = Q.qwen3_vl_image_processor("qwen3-vl-4b")  # what the engine runs (transformers' PIL backend)
+    pil = S.qwen3_vl_image_processor("qwen3-vl-4b")  # what the engine runs (transformers' PIL backend)
     try:  # the processor as transformers builds it: fast image processor
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
@@ -94,7 +95,7 @@ def _():
             image_processor=fast,
             tokenizer=tok,
             video_processor=Qwen3VLVideoProcessor(),
-            chat_template=Q.QWEN3_VL_CHAT_TEMPLATE,
+            chat_template=S.QWEN3_VL_CHAT_TEMPLATE,
         )
     except ImportError as e:
         if not DRY:
@@ -155,7 +156,7 @@ def _():
 
 
 # ---------------------------------------------------------------- build both models in device memory
-config = Q.qwen3_vl_config(
+config = S.qwen3_vl_config(
     LIKE, *((301, 300, 302) if DRY else (151655, 151652, 151653)), max_position_embeddings=32768 if not DRY else 1024
 )
 IMAGE_TOKEN = config.image_token_id
@@ -176,7 +177,7 @@ except Exception as e:
     RES["errors"]["build"] = f"{type(e).__name__}: {e}"
     traceback.print_exc()
 RES["build_seconds"] = round(time.perf_counter() - t0, 2)
-IP = Q.qwen3_vl_image_processor(LIKE)
+IP = S.qwen3_vl_image_processor(LIKE)
 rng = np.random.default_rng(0)
 text_ids = lambda n: rng.integers(3, 280 if DRY else 150000, n).tolist()  # never a vision special
 prompt_ids = lambda: (

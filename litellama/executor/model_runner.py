@@ -18,7 +18,7 @@ import torch
 from ..config import CacheConfig
 from ..kernels.decode_attention import SplitPlanner
 from ..layers.attention import AttentionMetadata, ModelInput
-from ..layers.base import head_dim
+from ..layers.linear import head_dim
 from ..multimodal.processing import image_embeds, mrope_step_positions
 from ..utils import patch
 from .model_input import build_model_input, fill_placeholders

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import tuned
 from .activation import silu_and_mul
 from .linear import _split_sum_kernel
 from .reference import silu_and_mul as silu_and_mul_ref
@@ -597,60 +598,7 @@ W8A16_CONFIGS = {
 }
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #d40c24d9
-# (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path]
-W8A16_TUNED = {("gemv", "int8", 151936, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=2, num_stages=1)}
-
-# %% ../../kernels_nb/12_quant_gemm.ipynb #8e525aa5
-W8A16_TUNED |= {
-    ("gemv_block", "fp8", 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
-    ("gemv_block", "fp8", 4096, 12288): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
-    ("gemv_block", "fp8", 6144, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3, SPLIT_K=1),
-    ("gemv_block", "fp8", 24576, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3, SPLIT_K=1),
-    ("gemv_block", "fp8", 151936, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),
-}
-
-# %% ../../kernels_nb/12_quant_gemm.ipynb #7033af75
-W8A16_TUNED |= {
-    ("skinny", "fp8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny", "fp8", 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny", "fp8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny", "fp8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny", "fp8", 151936, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-}
-
-# %% ../../kernels_nb/12_quant_gemm.ipynb #3105765e
-W8A16_TUNED |= {
-    ("skinny", "int8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny", "int8", 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny", "int8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny", "int8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny", "int8", 151936, 4096): dict(BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=3),
-}
-
-# %% ../../kernels_nb/12_quant_gemm.ipynb #b4769069
-W8A16_TUNED |= {
-    ("skinny4", "fp8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny4", "fp8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny4", "fp8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-}
-
-# %% ../../kernels_nb/12_quant_gemm.ipynb #a1573940
-W8A16_TUNED |= {
-    ("skinny4", "int8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny4", "int8", 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny4", "int8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, SPLIT_K=1),
-    ("skinny4", "int8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, SPLIT_K=1),
-    ("skinny4", "int8", 151936, 4096): dict(BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=3),
-}
-
-# %% ../../kernels_nb/12_quant_gemm.ipynb #38192e1f
-W8A16_TUNED |= {
-    ("skinny_block", "fp8", 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny_block", "fp8", 4096, 12288): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny_block", "fp8", 6144, 4096): dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3),
-    ("skinny_block", "fp8", 24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-    ("skinny_block", "fp8", 151936, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-}
+W8A16_TUNED = tuned.shipped("w8a16")  # (path, "int8" | "fp8", N, K) -> overrides of W8A16_CONFIGS[path]
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #c8632f86
 INTERPRET_CONFIGS = {
@@ -1113,22 +1061,7 @@ W8A8_CONFIGS = {  # launch parameters of the Triton W8A8 kernel on a GPU, per si
 }
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #e86f2253
-# (size, "int8" | "fp8" | "fp8_block", N, K) -> overrides
-# measured best under CUDA-graph replay on the H200 (benchmarks_nb/results/quant8_gemm_sweep.json)
-W8A8_TUNED = {
-    ("large", "fp8", 6144, 4096): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
-    ("large", "fp8", 4096, 4096): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
-    ("large", "fp8", 24576, 4096): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
-    ("large", "fp8", 4096, 12288): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
-}
-
-# %% ../../kernels_nb/12_quant_gemm.ipynb #407275d9
-W8A8_TUNED |= {
-    ("large", "int8", 6144, 4096): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
-    ("large", "int8", 4096, 4096): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
-    ("large", "int8", 24576, 4096): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
-    ("large", "int8", 4096, 12288): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
-}
+W8A8_TUNED = tuned.shipped("w8a8")  # (size, "int8" | "fp8" | "fp8_block", N, K) -> overrides of W8A8_CONFIGS[size]
 
 # %% ../../kernels_nb/12_quant_gemm.ipynb #aa43a812
 # per-token x per-channel fp8 on sm_90+ with 16-bit output: "torch" (torch._scaled_mm, cuBLASLt) or "triton"

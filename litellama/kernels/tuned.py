@@ -7,6 +7,8 @@ Docs: https://litellama.github.io/litellama/kernels_nb/tuned.html.md"""
 # %% auto #0
 __all__ = [
     "device_name",
+    "SHIPPED_DIR",
+    "SHIPPED_GPU",
     "num_sms",
     "compute_capability",
     "shape_bucket",
@@ -16,6 +18,7 @@ __all__ = [
     "clear",
     "lookup",
     "save",
+    "shipped",
     "forcing",
     "median_ms",
     "graph_ms",
@@ -24,6 +27,7 @@ __all__ = [
 # %% ../../kernels_nb/07a_tuned.ipynb #1855dbc1
 import contextlib
 import functools
+import importlib.resources
 import json
 import os
 import re
@@ -185,6 +189,29 @@ def save(entries: dict, device_name: str) -> Path:
         raise
     _tables[device_name] = table
     return path
+
+
+# %% ../../kernels_nb/07a_tuned.ipynb #5b1e0a02
+SHIPPED_DIR = Path(str(importlib.resources.files("litellama") / "kernels" / "tuned"))  # package data
+SHIPPED_GPU = "NVIDIA H200"  # the GPU the shipped tables were measured on
+
+
+# %% ../../kernels_nb/07a_tuned.ipynb #5b1e0a03
+def _parse_key(key: str) -> tuple:
+    'A file\'s key back to the tuple a kernel looks up: `"gemv:int8:4096:4096"` -> `("gemv", "int8", 4096, 4096)`.'
+    return tuple(int(p) if p.lstrip("-").isdigit() else p for p in key.split(":"))
+
+
+# %% ../../kernels_nb/07a_tuned.ipynb #5b1e0a04
+def shipped(op: str, device_name: str = SHIPPED_GPU, folder: Path | None = None) -> dict:
+    "The entries `{key tuple: config}` of `op` in the table shipped for `device_name`; `{}` if there is none."
+    path = (folder or SHIPPED_DIR) / _file_name(device_name)
+    if not path.exists():
+        return {}
+    table = json.loads(path.read_text())
+    if not _valid(table):
+        raise ValueError(f"{path} is not a table of launch parameters ({{op: {{key: {{param: value}}}}}})")
+    return {_parse_key(k): dict(c) for k, c in table.get(op, {}).items()}
 
 
 # %% ../../kernels_nb/07a_tuned.ipynb #177c0ddf

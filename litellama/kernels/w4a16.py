@@ -30,6 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import tuned
 from .linear import _split_sum_kernel
 
 try:  # the Hopper path, written in Gluon: absent where Triton has no Gluon
@@ -646,66 +647,7 @@ DEFAULTS = {
 }
 
 # %% ../../kernels_nb/13_w4a16.ipynb #b7257288
-# (N, K, M bucket) -> launch parameters measured best under CUDA-graph replay on the H200
-# (benchmarks_nb/gpu/w4.py prints them: w4.json); Qwen3-8B, group 128
-TUNED: dict = {
-    (4096, 12288, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1, SPLIT_K=4),
-    (24576, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=1, SPLIT_K=1, PREFETCH=True),
-    (4096, 4096, 1): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=512, num_warps=8),
-    (6144, 4096, 1): dict(PATH="gemv", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=2, SPLIT_K=6),
-}
-
-# %% ../../kernels_nb/13_w4a16.ipynb #c1e0a1fd
-TUNED |= {
-    (4096, 12288, 4): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=1024, num_warps=4),
-    (24576, 4096, 4): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=1024, num_warps=4),
-}
-
-# %% ../../kernels_nb/13_w4a16.ipynb #24137196
-TUNED |= {
-    (4096, 4096, 4): dict(PATH="wgmma", BLOCK_N=64, K_SPLIT=512, num_warps=4),
-    (6144, 4096, 4): dict(PATH="wgmma", BLOCK_N=64, K_SPLIT=1024, num_warps=4),
-}
-
-# %% ../../kernels_nb/13_w4a16.ipynb #cb91e33b
-TUNED |= {
-    (4096, 12288, 16): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=1024, num_warps=4),
-    (24576, 4096, 16): dict(PATH="wgmma", BLOCK_N=128, K_SPLIT=1024, num_warps=4),
-}
-
-# %% ../../kernels_nb/13_w4a16.ipynb #5954c236
-TUNED |= {
-    (4096, 4096, 16): dict(PATH="wgmma", BLOCK_N=64, K_SPLIT=512, num_warps=4),
-    (6144, 4096, 16): dict(PATH="wgmma", BLOCK_N=64, K_SPLIT=1024, num_warps=4),
-}
-
-# %% ../../kernels_nb/13_w4a16.ipynb #893c3f74
-TUNED |= {
-    (4096, 12288, 64): dict(
-        PATH="pair", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=18
-    ),
-    (24576, 4096, 64): dict(
-        PATH="pair", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=2
-    ),
-}
-
-# %% ../../kernels_nb/13_w4a16.ipynb #97addb3c
-TUNED |= {
-    (4096, 4096, 64): dict(
-        PATH="pair", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=9
-    ),
-    (6144, 4096, 64): dict(
-        PATH="pair", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, ASM=True, SPLIT_K=6
-    ),
-}
-
-# %% ../../kernels_nb/13_w4a16.ipynb #7296e7b1
-TUNED |= {
-    (4096, 12288, 4096): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
-    (24576, 4096, 4096): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
-    (4096, 4096, 4096): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
-    (6144, 4096, 4096): dict(PATH="dequant", BLOCK_N=16, BLOCK_W=64, num_warps=4),
-}
+TUNED: dict = tuned.shipped("w4a16")  # (N, K, M bucket) -> launch parameters
 
 
 # %% ../../kernels_nb/13_w4a16.ipynb #fd90298a

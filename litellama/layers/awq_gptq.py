@@ -14,7 +14,7 @@ from torch import nn
 from ..kernels.registry import ops
 from ..kernels.w4a16 import awq_unpack, gptq_unpack, to_kernel_layout
 from ..utils import patch
-from .base import LinearMethod, QuantConfig, copy_shard
+from .linear import LinearMethod, QuantConfig, copy_shard
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #6a29ac71

@@ -18,13 +18,16 @@ __all__ = [
 
 # %% ../../nbs/25_parallel_layers.ipynb #f8530689
 import copy
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
 
 from ..distributed.comm import all_reduce, tp_rank, tp_size
-from ..utils import patch
-from .base import Embedding, Linear, LMHead, head_dim
+from .embedding import Embedding, LMHead
+from .linear import Linear, QuantConfig, head_dim
 
 
 # %% ../../nbs/25_parallel_layers.ipynb #77ed89f5
@@ -44,7 +47,7 @@ def _divide(n: int, parts: int, what: str) -> int:
 
 
 # %% ../../nbs/25_parallel_layers.ipynb #17f3f071
-def _ranks(rank, size):
+def _ranks(rank: int | None, size: int | None) -> tuple[int, int]:
     return (tp_rank() if rank is None else rank), (tp_size() if size is None else size)
 
 
@@ -57,12 +60,12 @@ class ColumnParallelLinear(Linear):
         in_features: int,
         out_features: int | dict,
         bias: bool = False,
-        dtype=None,
-        device=None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
         *,
         rank: int | None = None,
         size: int | None = None,
-        **kw,
+        **kw: Any,
     ):
         self.tp_rank, self.tp_size = _ranks(rank, size)
         full = out_features if isinstance(out_features, dict) else {None: out_features}
@@ -71,18 +74,12 @@ class ColumnParallelLinear(Linear):
             in_features, local if isinstance(out_features, dict) else local[None], bias, dtype, device, **kw
         )
 
+    def cut(self, param_name: str, tensor: torch.Tensor, shard: str | None = None) -> torch.Tensor:
+        "This rank's piece of the full checkpoint `tensor`."
+        return _cut(tensor, 0, self.tp_rank, self.tp_size)
 
-# %% ../../nbs/25_parallel_layers.ipynb #00bb9a3d
-@patch
-def cut(self: ColumnParallelLinear, param_name: str, tensor: torch.Tensor, shard=None) -> torch.Tensor:
-    "This rank's piece of the full checkpoint `tensor`."
-    return _cut(tensor, 0, self.tp_rank, self.tp_size)
-
-
-# %% ../../nbs/25_parallel_layers.ipynb #d075d5ec
-@patch
-def load_weight(self: ColumnParallelLinear, param_name: str, tensor: torch.Tensor, shard=None):
-    super(ColumnParallelLinear, self).load_weight(param_name, self.cut(param_name, tensor, shard), shard)
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: str | None = None) -> None:
+        super().load_weight(param_name, self.cut(param_name, tensor, shard), shard)
 
 
 # %% ../../nbs/25_parallel_layers.ipynb #4c9878be
@@ -103,12 +100,12 @@ class QKVParallelLinear(ColumnParallelLinear):
         num_kv_heads: int,
         head_dim: int,
         bias: bool = False,
-        dtype=None,
-        device=None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
         *,
         rank: int | None = None,
         size: int | None = None,
-        **kw,
+        **kw: Any,
     ):
         r, n = _ranks(rank, size)
         _divide(num_heads, n, "num_attention_heads")
@@ -125,13 +122,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         }
         super().__init__(hidden, sizes, bias, dtype, device, rank=r, size=n, **kw)
 
-
-# %% ../../nbs/25_parallel_layers.ipynb #4f2f9281
-@patch
-def cut(self: QKVParallelLinear, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
-    if shard == "q":
-        return _cut(tensor, 0, self.tp_rank, self.tp_size)
-    return _cut(tensor, 0, self.tp_rank // self.kv_replicas, self.tp_size // self.kv_replicas)
+    def cut(self, param_name: str, tensor: torch.Tensor, shard: str | None = None) -> torch.Tensor:
+        if shard == "q":
+            return _cut(tensor, 0, self.tp_rank, self.tp_size)
+        return _cut(tensor, 0, self.tp_rank // self.kv_replicas, self.tp_size // self.kv_replicas)
 
 
 # %% ../../nbs/25_parallel_layers.ipynb #d0e117eb
@@ -143,40 +137,28 @@ class RowParallelLinear(Linear):
         in_features: int,
         out_features: int,
         bias: bool = False,
-        dtype=None,
-        device=None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
         *,
         rank: int | None = None,
         size: int | None = None,
-        **kw,
+        **kw: Any,
     ):
         self.tp_rank, self.tp_size = _ranks(rank, size)
         super().__init__(_divide(in_features, self.tp_size, "input size"), out_features, bias, dtype, device, **kw)
 
+    def cut(self, param_name: str, tensor: torch.Tensor, shard: str | None = None) -> torch.Tensor:
+        return _cut(tensor, 1, self.tp_rank, self.tp_size) if tensor.dim() == 2 else tensor  # the bias is whole
 
-# %% ../../nbs/25_parallel_layers.ipynb #e6e49a96
-@patch
-def cut(self: RowParallelLinear, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
-    return _cut(tensor, 1, self.tp_rank, self.tp_size) if tensor.dim() == 2 else tensor  # the bias is whole
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: str | None = None) -> None:
+        super().load_weight(param_name, self.cut(param_name, tensor, shard), shard)
 
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x, None)
 
-# %% ../../nbs/25_parallel_layers.ipynb #407dc7c5
-@patch
-def load_weight(self: RowParallelLinear, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 (patched onto the class)
-    super(RowParallelLinear, self).load_weight(param_name, self.cut(param_name, tensor, shard), shard)
-
-
-# %% ../../nbs/25_parallel_layers.ipynb #a5ed53d0
-@patch
-def partial(self: RowParallelLinear, x):
-    return self.method.apply(self, x, None)
-
-
-# %% ../../nbs/25_parallel_layers.ipynb #221eca00
-@patch
-def forward(self: RowParallelLinear, x):
-    y = all_reduce(self.partial(x))
-    return y if self.bias is None else y + self.bias
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]  # no silu_mul: a row layer is never gate|up
+        y = all_reduce(self.partial(x))
+        return y if self.bias is None else y + self.bias
 
 
 # %% ../../nbs/25_parallel_layers.ipynb #1615f44d
@@ -187,8 +169,8 @@ class VocabParallelEmbedding(Embedding):
         self,
         num_embeddings: int,
         dim: int,
-        dtype=None,
-        device=None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
         *,
         rank: int | None = None,
         size: int | None = None,
@@ -199,36 +181,24 @@ class VocabParallelEmbedding(Embedding):
         super().__init__(self.per_rank, dim, dtype, device)
         self.weight.data.zero_()  # the padding rows stay zero
 
+    def cut(self, param_name: str, tensor: torch.Tensor, shard: str | None = None) -> torch.Tensor:
+        lo, hi = min(self.vocab_start, self.vocab_size), min(self.vocab_start + self.per_rank, self.vocab_size)
+        return tensor[lo:hi]
 
-# %% ../../nbs/25_parallel_layers.ipynb #686f2f38
-@patch
-def cut(self: VocabParallelEmbedding, param_name, tensor, shard=None):  # noqa: F811 (patched onto the class)
-    lo, hi = min(self.vocab_start, self.vocab_size), min(self.vocab_start + self.per_rank, self.vocab_size)
-    return tensor[lo:hi]
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: str | None = None) -> None:
+        if tuple(tensor.shape[1:]) != tuple(self.weight.shape[1:]) or tensor.shape[0] != self.vocab_size:
+            raise ValueError(f"shape {tuple(tensor.shape)} does not fit {(self.vocab_size, *self.weight.shape[1:])}")
+        piece = self.cut(param_name, tensor)
+        self.weight.data[: len(piece)].copy_(piece)
 
+    def expected_shards(self, param_name: str) -> list:
+        return [None]
 
-# %% ../../nbs/25_parallel_layers.ipynb #7647f39e
-@patch
-def load_weight(self: VocabParallelEmbedding, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 (patched onto the class)
-    if tuple(tensor.shape[1:]) != tuple(self.weight.shape[1:]) or tensor.shape[0] != self.vocab_size:
-        raise ValueError(f"shape {tuple(tensor.shape)} does not fit {(self.vocab_size, *self.weight.shape[1:])}")
-    piece = self.cut(param_name, tensor)
-    self.weight.data[: len(piece)].copy_(piece)
-
-
-# %% ../../nbs/25_parallel_layers.ipynb #cfcb03ac
-@patch
-def expected_shards(self: VocabParallelEmbedding, param_name: str):
-    return [None]
-
-
-# %% ../../nbs/25_parallel_layers.ipynb #4c6d13ce
-@patch
-def forward(self: VocabParallelEmbedding, ids):  # noqa: F811 (patched onto the class)
-    local = ids - self.vocab_start
-    outside = (local < 0) | (local >= self.per_rank)
-    x = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill_(outside[:, None], 0)
-    return all_reduce(x)
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.per_rank)
+        x = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill_(outside[:, None], 0)
+        return all_reduce(x)
 
 
 # %% ../../nbs/25_parallel_layers.ipynb #1e9d54d8
@@ -240,10 +210,10 @@ class ParallelLMHead(LMHead):
         self,
         hidden: int,
         vocab: int,
-        dtype=None,
-        device=None,
-        quant=None,
-        prefix="lm_head",
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        quant: QuantConfig | None = None,
+        prefix: str = "lm_head",
         tie: VocabParallelEmbedding | None = None,
         *,
         rank: int | None = None,
@@ -254,22 +224,19 @@ class ParallelLMHead(LMHead):
         self.vocab_start = self.tp_rank * self.per_rank
         super().__init__(hidden, self.per_rank, dtype, device, quant, prefix, tie=tie)
 
-
-# %% ../../nbs/25_parallel_layers.ipynb #a62309b0
-@patch
-def load_weight(self: ParallelLMHead, param_name: str, tensor: torch.Tensor, shard=None):  # noqa: F811 (patched onto the class)
-    if param_name != "bias" and tensor.shape[0] != self.vocab_size:
-        raise ValueError(
-            f"shape {tuple(tensor.shape)} has {tensor.shape[0]} rows, not the vocabulary's {self.vocab_size}"
-        )
-    piece = tensor[min(self.vocab_start, self.vocab_size) : min(self.vocab_start + self.per_rank, self.vocab_size)]
-    if len(piece) < self.per_rank:  # the last rank's padding rows: zeros
-        piece = torch.cat([piece, piece.new_zeros(self.per_rank - len(piece), *piece.shape[1:])])
-    super(ParallelLMHead, self).load_weight(param_name, piece, shard)
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: str | None = None) -> None:
+        if param_name != "bias" and tensor.shape[0] != self.vocab_size:
+            raise ValueError(
+                f"shape {tuple(tensor.shape)} has {tensor.shape[0]} rows, not the vocabulary's {self.vocab_size}"
+            )
+        piece = tensor[min(self.vocab_start, self.vocab_size) : min(self.vocab_start + self.per_rank, self.vocab_size)]
+        if len(piece) < self.per_rank:  # the last rank's padding rows: zeros
+            piece = torch.cat([piece, piece.new_zeros(self.per_rank - len(piece), *piece.shape[1:])])
+        super().load_weight(param_name, piece, shard)
 
 
 # %% ../../nbs/25_parallel_layers.ipynb #95933484
-def rank_config(config, size: int):
+def rank_config(config: PretrainedConfig, size: int) -> PretrainedConfig:
     "`config` as one of `size` tensor-parallel ranks sees it (local heads, intermediate size and vocabulary)."
     c = copy.deepcopy(config)
     c.head_dim = head_dim(config)
@@ -286,7 +253,15 @@ def rank_config(config, size: int):
 
 
 # %% ../../nbs/25_parallel_layers.ipynb #aaa0e1b0
-def _swap(parent, name, cls, *args, quant=None, device=None, **kw):
+def _swap(
+    parent: nn.Module,
+    name: str,
+    cls: type,
+    *args: Any,
+    quant: QuantConfig | None = None,
+    device: torch.device | str | None = None,
+    **kw: Any,
+) -> None:
     "Replace `parent.<name>` by `cls(*args)`, keeping its bias, dtype, checkpoint prefix and quantization."
     old = getattr(parent, name)
     setattr(
@@ -306,13 +281,14 @@ def _swap(parent, name, cls, *args, quant=None, device=None, **kw):
 
 # %% ../../nbs/25_parallel_layers.ipynb #dd1702f8
 @torch.no_grad()
-def parallelize(model, config, rank: int, size: int):
-    "Replace `model`'s (built from `rank_config(config, size)`) linears and vocabulary layers by their parallel twins."
+def parallelize(model: Any, config: PretrainedConfig, rank: int, size: int) -> Any:
+    """Replace `model`'s (built from `rank_config(config, size)`) linears and vocabulary layers by their parallel twins
+    (`model`: a CausalLM of models/, a floor above, reached by its attribute names)."""
     if size == 1:
         return model
     H, D = config.hidden_size, head_dim(config)
     dt, dev = model.model.embed_tokens.weight.dtype, model.model.embed_tokens.weight.device
-    kw = dict(rank=rank, size=size, quant=model.quant, device=dev)
+    kw: dict[str, Any] = dict(rank=rank, size=size, quant=model.quant, device=dev)
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
         _swap(a, "qkv_proj", QKVParallelLinear, H, config.num_attention_heads, config.num_key_value_heads, D, **kw)

@@ -25,7 +25,7 @@ from torch import nn
 from ..kernels.quant_gemm import QMAX
 from ..kernels.registry import ops
 from ..utils import patch
-from .base import LinearMethod, QuantConfig, copy_shard
+from .linear import LinearMethod, QuantConfig, copy_shard
 
 
 # %% ../../nbs/20_quant8.ipynb #82516bcc

@@ -20,14 +20,19 @@ __all__ = [
 ]
 
 # %% ../../nbs/04_models.ipynb #9695c9d6
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
-from ..layers.attention import ModelInput, SelfAttention
-from ..layers.base import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, head_dim
-from ..utils import patch
+from ..layers.attention import AttentionMetadata, ModelInput, SelfAttention
+from ..layers.embedding import Embedding, LMHead
+from ..layers.linear import QuantConfig, head_dim
+from ..layers.mlp import GatedMLP
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
 
 
 # %% ../../nbs/04_models.ipynb #10c8a0ed
@@ -36,15 +41,15 @@ class DecoderLayer(nn.Module):
 
     def __init__(
         self,
-        config,
-        rotary,
+        config: PretrainedConfig,
+        rotary: RotaryEmbedding,
         biases: dict,
         qk_norm: bool,
         mlp: nn.Module,
-        dtype=None,
-        device=None,
-        quant=None,
-        prefix="",
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        quant: QuantConfig | None = None,
+        prefix: str = "",
     ):
         super().__init__()
         eps = config.rms_norm_eps
@@ -55,24 +60,34 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = mlp
 
-
-# %% ../../nbs/04_models.ipynb #0b7b0467
-@patch
-def forward(self: DecoderLayer, positions, x, residual, attn):
-    if residual is None:
-        x, residual = self.input_layernorm(x), x
-    else:
-        x, residual = self.input_layernorm(x, residual)
-    x = self.self_attn(positions, x, attn)
-    x, residual = self.post_attention_layernorm(x, residual)
-    return self.mlp(x), residual
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, attn: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, attn)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 # %% ../../nbs/04_models.ipynb #8d7c8b33
 class DecoderModel(nn.Module):
     "Embedding, the decoder layers, final norm (HF's `model.` prefix); `make_mlp(layer_idx, prefix)` builds each MLP."
 
-    def __init__(self, config, biases, qk_norm, make_mlp, dtype=None, device=None, quant=None):
+    layers: Any  # an nn.ModuleList of DecoderLayer
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        biases: dict,
+        qk_norm: bool,
+        make_mlp: Callable[..., nn.Module],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        quant: QuantConfig | None = None,
+    ):
         super().__init__()
         self.rotary = RotaryEmbedding(config, head_dim(config), config.max_position_embeddings, device)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
@@ -92,15 +107,12 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
-
-# %% ../../nbs/04_models.ipynb #79369a4d
-@patch
-def forward(self: DecoderModel, mi: ModelInput):  # noqa: F811 (patched onto the class)
-    x = mi.inputs_embeds if mi.inputs_embeds is not None else self.embed_tokens(mi.input_ids)
-    residual = None
-    for layer in self.layers:
-        x, residual = layer(mi.positions, x, residual, mi.attn)
-    return self.norm(x, residual)[0]
+    def forward(self, mi: ModelInput) -> torch.Tensor:
+        x = mi.inputs_embeds if mi.inputs_embeds is not None else self.embed_tokens(mi.input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(mi.positions, x, residual, mi.attn)
+        return self.norm(x, residual)[0]
 
 
 # %% ../../nbs/04_models.ipynb #762808fa
@@ -118,7 +130,13 @@ class CausalLM(nn.Module):
     }
     ignored_suffixes = ("rotary_emb.inv_freq",)
 
-    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype | None = torch.float32,
+        device: torch.device | str | None = "cpu",
+        quant: QuantConfig | None = None,
+    ):
         super().__init__()
         self.check_config(config)
         self.config, self.quant = config, quant
@@ -134,60 +152,52 @@ class CausalLM(nn.Module):
             tie=self.model.embed_tokens if self.tied else None,
         )
 
+    @classmethod
+    def biases(cls, config: PretrainedConfig) -> dict:
+        "Which projections carry a bias."
+        b = bool(getattr(config, "attention_bias", False))
+        return {"qkv": b, "o": b, "mlp": bool(getattr(config, "mlp_bias", False))}
 
-# %% ../../nbs/04_models.ipynb #fbb6c459
-@patch(cls_method=True)
-def biases(cls: CausalLM, config) -> dict:
-    "Which projections carry a bias."
-    b = bool(getattr(config, "attention_bias", False))
-    return {"qkv": b, "o": b, "mlp": bool(getattr(config, "mlp_bias", False))}
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        "Refuse configurations this implementation would run wrongly."
+        if getattr(config, "use_sliding_window", False):
+            raise ValueError(f"{cls.__name__}: sliding-window attention is not supported")
 
+    def make_mlp(
+        self,
+        config: PretrainedConfig,
+        layer_idx: int,
+        dtype: torch.dtype | None,
+        device: torch.device | str | None,
+        quant: QuantConfig | None,
+        prefix: str,
+    ) -> nn.Module:
+        "The MLP of layer `layer_idx`: a dense gated MLP (a sparse model overrides this)."
+        return GatedMLP(
+            config.hidden_size, config.intermediate_size, self.biases(config)["mlp"], dtype, device, quant, prefix
+        )
 
-# %% ../../nbs/04_models.ipynb #f17b9890
-@patch(cls_method=True)
-def check_config(cls: CausalLM, config):
-    "Refuse configurations this implementation would run wrongly."
-    if getattr(config, "use_sliding_window", False):
-        raise ValueError(f"{cls.__name__}: sliding-window attention is not supported")
+    def forward(self, mi: ModelInput) -> torch.Tensor:
+        "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
+        return self.lm_head(self.model(mi)[mi.logits_indices])
 
+    def route(self, name: str) -> tuple[Any, str, Any]:
+        "`(module, param_name, shard)` that checkpoint tensor `name` loads into; KeyError or AttributeError if none."
+        *path, pname = name.split(".")
+        shard = None
+        if path and path[-1] in self.packed_modules:
+            path[-1], shard = self.packed_modules[path[-1]]
+        module = self.get_submodule(".".join(path))
+        if not isinstance(getattr(module, pname, None), torch.Tensor):
+            raise KeyError(name)
+        return module, pname, shard
 
-# %% ../../nbs/04_models.ipynb #95f60319
-@patch
-def make_mlp(self: CausalLM, config, layer_idx: int, dtype, device, quant, prefix: str) -> nn.Module:
-    "The MLP of layer `layer_idx`: a dense gated MLP (a sparse model overrides this)."
-    return GatedMLP(
-        config.hidden_size, config.intermediate_size, self.biases(config)["mlp"], dtype, device, quant, prefix
-    )
-
-
-# %% ../../nbs/04_models.ipynb #05d712ba
-@patch
-def forward(self: CausalLM, mi: ModelInput) -> torch.Tensor:  # noqa: F811 (patched onto the class)
-    "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
-    return self.lm_head(self.model(mi)[mi.logits_indices])
-
-
-# %% ../../nbs/04_models.ipynb #3bac594b
-@patch
-def route(self: CausalLM, name: str):
-    "`(module, param_name, shard)` that checkpoint tensor `name` loads into; KeyError or AttributeError if none."
-    *path, pname = name.split(".")
-    shard = None
-    if path and path[-1] in self.packed_modules:
-        path[-1], shard = self.packed_modules[path[-1]]
-    module = self.get_submodule(".".join(path))
-    if not isinstance(getattr(module, pname, None), torch.Tensor):
-        raise KeyError(name)
-    return module, pname, shard
-
-
-# %% ../../nbs/04_models.ipynb #9fc9ab61
-@patch
-def bind_kv_cache(self: CausalLM, kv_cache):
-    """Give each layer its `(k_cache, v_cache)`, each `[num_blocks, block_size, Hk, D]`: `kv_cache` yields one pair per
-    layer (the model runner's `PagedKVCache`, or a `[layers, 2, num_blocks, block_size, Hk, D]` tensor)."""
-    for layer, (k, v) in zip(self.model.layers, kv_cache, strict=False):
-        layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = k, v
+    def bind_kv_cache(self, kv_cache: Iterable) -> None:
+        """Give each layer its `(k_cache, v_cache)`, each `[num_blocks, block_size, Hk, D]`: `kv_cache` yields one pair
+        per layer (the model runner's `PagedKVCache`, or a `[layers, 2, num_blocks, block_size, Hk, D]` tensor)."""
+        for layer, (k, v) in zip(self.model.layers, kv_cache, strict=False):
+            layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = k, v
 
 
 # %% ../../nbs/04_models.ipynb #052025cb
@@ -225,8 +235,9 @@ def load_weights(model: CausalLM, weights: Iterable) -> None:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise KeyError(f"missing tensors in the checkpoint: {', '.join(missing[:5])}{more}")
     for module in model.modules():
-        if hasattr(module, "process_after_loading"):
-            module.process_after_loading()
+        finish = getattr(module, "process_after_loading", None)
+        if finish is not None:
+            finish()
 
 
 # %% ../../nbs/04_models.ipynb #e71ac426
@@ -238,11 +249,9 @@ class LlamaForCausalLM(CausalLM):
 class Qwen2ForCausalLM(CausalLM):
     "Qwen2 / Qwen2.5: a bias on the q, k, v projections."
 
-
-# %% ../../nbs/04_models.ipynb #7a1b023b
-@patch(cls_method=True)
-def biases(cls: Qwen2ForCausalLM, config):  # noqa: F811 (patched onto the class)
-    return {"qkv": True, "o": False, "mlp": False}
+    @classmethod
+    def biases(cls, config: PretrainedConfig) -> dict:
+        return {"qkv": True, "o": False, "mlp": False}
 
 
 # %% ../../nbs/04_models.ipynb #df24c752
@@ -253,8 +262,14 @@ class Qwen3ForCausalLM(CausalLM):
 
 
 # %% ../../nbs/04_models.ipynb #25dd7ffe
-MODEL_REGISTRY = {c.__name__: c for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)}
-MODEL_TYPES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    c.__name__: c for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
+}
+MODEL_TYPES: dict[str, type[nn.Module]] = {
+    "llama": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+}
 
 # %% ../../nbs/04_models.ipynb #f3e1a20e
 # families in modules of their own (which import this one), imported when a config first names them
@@ -268,7 +283,7 @@ LAZY_MODELS["Qwen3VLForConditionalGeneration"] = ("qwen3_vl", "litellama.models.
 
 
 # %% ../../nbs/04_models.ipynb #8033f88d
-def model_class(config):
+def model_class(config: PretrainedConfig) -> type:
     "The class serving `config`, by `architectures` first, then `model_type`; a clear error otherwise."
     import importlib
 

@@ -7,8 +7,6 @@ Docs: https://litellama.github.io/litellama/nbs/llava.html.md"""
 # %% auto #0
 __all__ = [
     "ACTIVATIONS",
-    "LLAVA_CHAT_TEMPLATE",
-    "LLAVA_SHAPES",
     "LayerNorm",
     "activation",
     "CLIPEncoderLayer",
@@ -17,18 +15,19 @@ __all__ = [
     "LlavaProjector",
     "LlavaForConditionalGeneration",
     "llava_key",
-    "llava_config",
-    "llava_processor",
 ]
 
 # %% ../../nbs/29_llava.ipynb #16983a39
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
 from ..layers.attention import ModelInput
-from ..layers.base import Linear
-from ..utils import patch
+from ..layers.linear import Linear, QuantConfig
 from .decoder import CausalLM, LlamaForCausalLM
 
 
@@ -36,17 +35,16 @@ from .decoder import CausalLM, LlamaForCausalLM
 class LayerNorm(nn.Module):
     "LayerNorm with weight and bias, through the registry."
 
-    def __init__(self, dim: int, eps: float, dtype=None, device=None):
+    def __init__(
+        self, dim: int, eps: float, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
 
-
-# %% ../../nbs/29_llava.ipynb #ffce351e
-@patch
-def forward(self: LayerNorm, x):
-    return ops.layer_norm(x, self.weight, self.bias, self.eps)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 # %% ../../nbs/29_llava.ipynb #95e072a3
@@ -54,7 +52,7 @@ ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu"}
 
 
 # %% ../../nbs/29_llava.ipynb #59794ae0
-def activation(name: str):
+def activation(name: str) -> Callable:
     "The registry op for an HF `hidden_act` name; a clear error for others."
     if name not in ACTIVATIONS:
         raise ValueError(f"unsupported activation '{name}'; supported: {', '.join(ACTIVATIONS)}")
@@ -65,7 +63,12 @@ def activation(name: str):
 class CLIPEncoderLayer(nn.Module):
     "`x + attn(ln1(x))`, then `x + fc2(act(fc1(ln2(x))))`, over `[images * patches, hidden]` rows."
 
-    def __init__(self, vc, dtype=None, device=None):
+    self_attn: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+    mlp: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         H, eps = vc.hidden_size, vc.layer_norm_eps
         self.num_heads, self.head_dim = vc.num_attention_heads, H // vc.num_attention_heads
@@ -78,23 +81,25 @@ class CLIPEncoderLayer(nn.Module):
         self.mlp.fc2 = Linear(vc.intermediate_size, H, True, dtype=dtype, device=device)
         self.act = activation(vc.hidden_act)
 
-
-# %% ../../nbs/29_llava.ipynb #2e411630
-@patch
-def forward(self: CLIPEncoderLayer, x, num_images: int):  # noqa: F811 - patched onto the class
-    h = self.layer_norm1(x)
-    q, k, v = (
-        t.reshape(num_images, -1, self.num_heads, self.head_dim) for t in self.self_attn.qkv_proj(h).chunk(3, -1)
-    )
-    x = x + self.self_attn.out_proj(ops.vision_attention(q, k, v, self.head_dim**-0.5).reshape(x.shape))
-    return x + self.mlp.fc2(self.act(self.mlp.fc1(self.layer_norm2(x))))
+    def forward(self, x: torch.Tensor, num_images: int) -> torch.Tensor:
+        h = self.layer_norm1(x)
+        q, k, v = (
+            t.reshape(num_images, -1, self.num_heads, self.head_dim) for t in self.self_attn.qkv_proj(h).chunk(3, -1)
+        )
+        x = x + self.self_attn.out_proj(ops.vision_attention(q, k, v, self.head_dim**-0.5).reshape(x.shape))
+        return x + self.mlp.fc2(self.act(self.mlp.fc1(self.layer_norm2(x))))
 
 
 # %% ../../nbs/29_llava.ipynb #b9225cf9
 class CLIPVisionEmbeddings(nn.Module):
     "Patches through the (conv-as-matmul) patch embedding, a CLS token in front, learned position embeddings added."
 
-    def __init__(self, vc, dtype=None, device=None):
+    patch_embedding: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+    position_embedding: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         H, p = vc.hidden_size, vc.patch_size
         self.image_size, self.patch_size = vc.image_size, p
@@ -109,29 +114,30 @@ class CLIPVisionEmbeddings(nn.Module):
             torch.empty(self.num_patches + 1, H, dtype=dtype, device=device), requires_grad=False
         )
 
-
-# %% ../../nbs/29_llava.ipynb #d7706585
-@patch
-def forward(self: CLIPVisionEmbeddings, pixel_values):  # noqa: F811 - patched onto the class
-    B, C, S, _ = pixel_values.shape
-    if S != self.image_size or pixel_values.shape[-1] != self.image_size:
-        raise ValueError(
-            f"pixel_values are {S}x{pixel_values.shape[-1]}; this vision tower takes "
-            f"{self.image_size}x{self.image_size}"
-        )
-    p, n = self.patch_size, S // self.patch_size
-    patches = pixel_values.reshape(B, C, n, p, n, p).permute(0, 2, 4, 1, 3, 5).reshape(B * n * n, C * p * p)
-    w = self.patch_embedding.weight
-    x = ops.linear(patches.to(w.dtype), w.reshape(w.shape[0], -1)).view(B, n * n, -1)
-    x = torch.cat([self.class_embedding.expand(B, 1, -1), x], 1)
-    return x + self.position_embedding.weight
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        B, C, S, _ = pixel_values.shape
+        if S != self.image_size or pixel_values.shape[-1] != self.image_size:
+            raise ValueError(
+                f"pixel_values are {S}x{pixel_values.shape[-1]}; this vision tower takes "
+                f"{self.image_size}x{self.image_size}"
+            )
+        p, n = self.patch_size, S // self.patch_size
+        patches = pixel_values.reshape(B, C, n, p, n, p).permute(0, 2, 4, 1, 3, 5).reshape(B * n * n, C * p * p)
+        w = self.patch_embedding.weight
+        x = ops.linear(patches.to(w.dtype), w.reshape(w.shape[0], -1)).view(B, n * n, -1)
+        x = torch.cat([self.class_embedding.expand(B, 1, -1), x], 1)
+        return x + self.position_embedding.weight
 
 
 # %% ../../nbs/29_llava.ipynb #74813192
 class CLIPVisionTower(nn.Module):
     "CLIP ViT: embeddings, `pre_layrnorm`, encoder layers; returns the hidden state(s) of `feature_layers`."
 
-    def __init__(self, vc, dtype=None, device=None):
+    encoder: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         self.embeddings = CLIPVisionEmbeddings(vc, dtype, device)
         self.pre_layrnorm = LayerNorm(vc.hidden_size, vc.layer_norm_eps, dtype, device)  # sic: CLIP's spelling
@@ -141,36 +147,38 @@ class CLIPVisionTower(nn.Module):
             vc.hidden_size, vc.layer_norm_eps, dtype, device
         )  # the pooled output only: unused
 
-
-# %% ../../nbs/29_llava.ipynb #79122312
-@patch
-def forward(self: CLIPVisionTower, pixel_values, feature_layers: list) -> torch.Tensor:  # noqa: F811 - patched onto the class
-    "`[images, patches + 1, hidden * len(feature_layers)]`."
-    n_states = len(self.encoder.layers) + 1
-    idx = [i % n_states for i in feature_layers]
-    B = pixel_values.shape[0]
-    x = self.pre_layrnorm(self.embeddings(pixel_values)).reshape(-1, self.pre_layrnorm.weight.shape[0])
-    states = [x]
-    for layer in self.encoder.layers[: max(idx)]:
-        states.append(x := layer(x, B))
-    return torch.cat([states[i].view(B, -1, x.shape[-1]) for i in idx], -1)
+    def forward(self, pixel_values: torch.Tensor, feature_layers: list) -> torch.Tensor:
+        "`[images, patches + 1, hidden * len(feature_layers)]`."
+        n_states = len(self.encoder.layers) + 1
+        idx = [i % n_states for i in feature_layers]
+        B = pixel_values.shape[0]
+        x = self.pre_layrnorm(self.embeddings(pixel_values)).reshape(-1, self.pre_layrnorm.weight.shape[0])
+        states = [x]
+        for layer in self.encoder.layers[: max(idx)]:
+            states.append(x := layer(x, B))
+        return torch.cat([states[i].view(B, -1, x.shape[-1]) for i in idx], -1)
 
 
 # %% ../../nbs/29_llava.ipynb #f99c9fc0
 class LlavaProjector(nn.Module):
     "`linear_2(act(linear_1(features)))`: vision width to the language model's width."
 
-    def __init__(self, in_dim: int, out_dim: int, act: str, bias: bool = True, dtype=None, device=None):
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        act: str,
+        bias: bool = True,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         self.linear_1 = Linear(in_dim, out_dim, bias, dtype=dtype, device=device)
         self.linear_2 = Linear(out_dim, out_dim, bias, dtype=dtype, device=device)
         self.act = activation(act)
 
-
-# %% ../../nbs/29_llava.ipynb #a902fa71
-@patch
-def forward(self: LlavaProjector, x):  # noqa: F811 - patched onto the class
-    return self.linear_2(self.act(self.linear_1(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.act(self.linear_1(x)))
 
 
 # %% ../../nbs/29_llava.ipynb #8f51b5ac
@@ -180,7 +188,13 @@ class LlavaForConditionalGeneration(nn.Module):
 
     packed_modules, ignored_suffixes = CausalLM.packed_modules, CausalLM.ignored_suffixes
 
-    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype | None = torch.float32,
+        device: torch.device | str | None = "cpu",
+        quant: QuantConfig | None = None,
+    ):
         super().__init__()
         tc, vc = config.text_config, config.vision_config
         if getattr(tc, "model_type", "llama") != "llama":
@@ -210,41 +224,26 @@ class LlavaForConditionalGeneration(nn.Module):
         self.num_image_tokens = self.vision_tower.embeddings.num_patches + (self.select_strategy == "full")
         self.image_size = vc.image_size
 
+    def forward(self, mi: ModelInput) -> torch.Tensor:
+        return self.language_model(mi)
 
-# %% ../../nbs/29_llava.ipynb #466c1126
-@patch
-def forward(self: LlavaForConditionalGeneration, mi: ModelInput) -> torch.Tensor:  # noqa: F811 - patched onto the class
-    return self.language_model(mi)
+    def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        "`[images, num_image_tokens, text hidden]`: the projected features that replace each image's placeholders."
+        dt = self.multi_modal_projector.linear_1.weight.dtype
+        feats = self.vision_tower(pixel_values.to(dt), self.feature_layers)
+        if self.select_strategy == "default":
+            feats = feats[:, 1:]
+        return self.multi_modal_projector(feats.reshape(-1, feats.shape[-1])).view(feats.shape[0], feats.shape[1], -1)
 
+    def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.model.embed_tokens(ids)
 
-# %% ../../nbs/29_llava.ipynb #66720547
-@patch
-def embed_images(self: LlavaForConditionalGeneration, pixel_values: torch.Tensor) -> torch.Tensor:
-    "`[images, num_image_tokens, text hidden]`: the projected features that replace each image's placeholder tokens."
-    dt = self.multi_modal_projector.linear_1.weight.dtype
-    feats = self.vision_tower(pixel_values.to(dt), self.feature_layers)
-    if self.select_strategy == "default":
-        feats = feats[:, 1:]
-    return self.multi_modal_projector(feats.reshape(-1, feats.shape[-1])).view(feats.shape[0], feats.shape[1], -1)
+    def bind_kv_cache(self, kv_cache: Iterable) -> None:
+        self.language_model.bind_kv_cache(kv_cache)
 
-
-# %% ../../nbs/29_llava.ipynb #fe683dfb
-@patch
-def embed_input_ids(self: LlavaForConditionalGeneration, ids: torch.Tensor) -> torch.Tensor:
-    return self.language_model.model.embed_tokens(ids)
-
-
-# %% ../../nbs/29_llava.ipynb #35edc449
-@patch
-def bind_kv_cache(self: LlavaForConditionalGeneration, kv_cache):
-    self.language_model.bind_kv_cache(kv_cache)
-
-
-# %% ../../nbs/29_llava.ipynb #8e2d21c0
-@patch
-def route(self: LlavaForConditionalGeneration, name: str):
-    "Where checkpoint tensor `name` (any of the three spellings below) loads: `(module, param_name, shard)`."
-    return CausalLM.route(self, llava_key(name))
+    def route(self, name: str) -> tuple[Any, str, Any]:
+        "Where checkpoint tensor `name` (any of the three spellings below) loads: `(module, param_name, shard)`."
+        return CausalLM.route(self, llava_key(name))  # type: ignore[arg-type]  # the same lookup, over this model
 
 
 # %% ../../nbs/29_llava.ipynb #e2ae7530
@@ -265,115 +264,3 @@ def llava_key(name: str) -> str:
         if name.startswith(old):
             return new + name[len(old) :]
     return name
-
-
-# %% ../../nbs/29_llava.ipynb #f7f42a10
-LLAVA_CHAT_TEMPLATE = (
-    """{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] + ' ' }}{% else %}{{ m['role'].upper() +
-    ': ' }}"""
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    """{% if p['type'] in ('image', 'image_url') %}{{ '<image>\n' }}{% elif p['type'] == 'text' %}{{ p['text'] }}{%
-    endif %}"""
-    "{% endfor %}{% endif %}{{ ' ' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
-)
-
-# %% ../../nbs/29_llava.ipynb #11239b76
-LLAVA_SHAPES = {
-    "tiny-llava": dict(
-        text=dict(
-            model_type="llama",
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=320,
-            max_position_embeddings=512,
-            rms_norm_eps=1e-6,
-            rope_theta=10000.0,
-        ),
-        vision=dict(
-            model_type="clip_vision_model",
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            image_size=28,
-            patch_size=14,
-            projection_dim=32,
-            hidden_act="quick_gelu",
-            layer_norm_eps=1e-5,
-        ),
-    ),
-}
-
-# %% ../../nbs/29_llava.ipynb #f5fd6a32
-LLAVA_SHAPES["llava-1.5-7b"] = dict(
-    text=dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32064,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-    ),
-    vision=dict(
-        model_type="clip_vision_model",
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        image_size=336,
-        patch_size=14,
-        projection_dim=768,
-        hidden_act="quick_gelu",
-        layer_norm_eps=1e-5,
-    ),
-)
-
-
-# %% ../../nbs/29_llava.ipynb #a041c493
-def llava_config(like: str, image_token_id: int, **text_overrides):
-    "A transformers `LlavaConfig` of one of `LLAVA_SHAPES`."
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
-
-    if like not in LLAVA_SHAPES:
-        raise ValueError(f"unknown LLaVA shape '{like}'; known: {', '.join(LLAVA_SHAPES)}")
-    s = LLAVA_SHAPES[like]
-    text = {k: v for k, v in s["text"].items() if k != "model_type"} | text_overrides
-    vision = {k: v for k, v in s["vision"].items() if k != "model_type"}
-    return LlavaConfig(
-        vision_config=CLIPVisionConfig(**vision),
-        text_config=LlamaConfig(**text),
-        image_token_index=image_token_id,
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        projector_hidden_act="gelu",
-        image_seq_length=(vision["image_size"] // vision["patch_size"]) ** 2,
-        architectures=["LlavaForConditionalGeneration"],
-    )
-
-
-# %% ../../nbs/29_llava.ipynb #52311cd2
-def llava_processor(tokenizer, image_size: int, patch_size: int = 14):
-    """transformers' `LlavaProcessor` for a CLIP tower of `image_size` px (its PIL image backend), with the LLaVA-1.5
-    chat template."""
-    from transformers import LlavaProcessor
-    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
-
-    ip = CLIPImageProcessorPil(
-        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
-    )
-    return LlavaProcessor(
-        image_processor=ip,
-        tokenizer=tokenizer,
-        patch_size=patch_size,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        image_token="<image>",
-        chat_template=LLAVA_CHAT_TEMPLATE,
-    )

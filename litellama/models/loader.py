@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from ..layers.base import get_quant_config
+from ..layers.linear import get_quant_config
 from ..layers.parallel import parallelize, rank_config
 from .decoder import MODEL_TYPES, load_weights, model_class
 

@@ -16,17 +16,19 @@ __all__ = [
 ]
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #1924fadd
+from typing import Any
+
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
-from ..layers.base import Linear
-from ..utils import patch  # (before `.decoder` once exported: relative imports sort by depth)
+from ..layers.linear import Linear, QuantConfig
 from .decoder import MODEL_REGISTRY, MODEL_TYPES, CausalLM, model_class
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #d74d2a8d
-def num_experts(config) -> int:
+def num_experts(config: PretrainedConfig) -> int:
     "The routed expert count of `config`, named `num_experts` or `num_local_experts`."
     n = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     if not n:
@@ -35,7 +37,7 @@ def num_experts(config) -> int:
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #ea3fe982
-def is_sparse_layer(config, layer_idx: int) -> bool:
+def is_sparse_layer(config: PretrainedConfig, layer_idx: int) -> bool:
     "Does layer `layer_idx` carry the sparse MoE block (Qwen3-MoE's rule)?"
     step = getattr(config, "decoder_sparse_step", 1) or 1
     return layer_idx not in (getattr(config, "mlp_only_layers", None) or []) and (layer_idx + 1) % step == 0
@@ -46,7 +48,13 @@ class FusedMoE(nn.Module):
     "Every expert's gate|up `[E, 2I, H]` and down `[E, H, I]` projections, stacked (fp8, block-scaled, if `fp8_block`)"
 
     def __init__(
-        self, num_experts: int, hidden: int, intermediate: int, dtype=None, device=None, fp8_block: int | None = None
+        self,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        fp8_block: int | None = None,
     ):
         super().__init__()
         self.num_experts, self.hidden, self.intermediate, self.fp8_block = num_experts, hidden, intermediate, fp8_block
@@ -62,57 +70,53 @@ class FusedMoE(nn.Module):
             cb = lambda n: -(-n // fp8_block)
             self.gate_up_proj_scale_inv = new(E, cb(2 * Im), cb(H), dt=torch.float32)
             self.down_proj_scale_inv = new(E, cb(H), cb(Im), dt=torch.float32)
-        self._whole = set()  # parameters loaded in one piece
+        self._whole: set[str] = set()  # parameters loaded in one piece
 
+    def _target(self, pname: str, shard: tuple) -> torch.Tensor:
+        "The slice of `pname` that per-expert `shard = (expert, part)` fills."
+        e, part = shard
+        if not 0 <= e < self.num_experts:
+            raise ValueError(f"expert {e} out of range (0..{self.num_experts - 1})")
+        t = getattr(self, pname).data[e]
+        if part == "down":
+            return t
+        rows = t.shape[0] // 2  # I weight rows, or I / block scale rows
+        return t.narrow(0, 0 if part == "gate" else rows, rows)
 
-# %% ../../nbs/04b_qwen3_moe.ipynb #a9f3adb8
-@patch
-def _target(self: FusedMoE, pname: str, shard):
-    "The slice of `pname` that per-expert `shard = (expert, part)` fills."
-    e, part = shard
-    if not 0 <= e < self.num_experts:
-        raise ValueError(f"expert {e} out of range (0..{self.num_experts - 1})")
-    t = getattr(self, pname).data[e]
-    if part == "down":
-        return t
-    rows = t.shape[0] // 2  # I weight rows, or I / block scale rows
-    return t.narrow(0, 0 if part == "gate" else rows, rows)
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: tuple | None = None) -> None:
+        "Copy a checkpoint tensor into `param_name`: whole (`shard=None`) or one expert's `(e, part)` slice."
+        target = getattr(self, param_name).data if shard is None else self._target(param_name, shard)
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(f"shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}")
+        target.copy_(tensor)
+        if shard is None:
+            self._whole.add(param_name)
 
+    def expected_shards(self, param_name: str) -> list:
+        "The pieces the loader must fill: the whole tensor if it came whole, else every expert's part."
+        if param_name in self._whole:
+            return [None]
+        parts = ("down",) if param_name.startswith("down") else ("gate", "up")
+        return [(e, p) for e in range(self.num_experts) for p in parts]
 
-# %% ../../nbs/04b_qwen3_moe.ipynb #85787be4
-@patch
-def load_weight(self: FusedMoE, param_name: str, tensor: torch.Tensor, shard=None):
-    "Copy a checkpoint tensor into `param_name`: whole (`shard=None`) or one expert's `(e, part)` slice."
-    target = getattr(self, param_name).data if shard is None else self._target(param_name, shard)
-    if tuple(tensor.shape) != tuple(target.shape):
-        raise ValueError(f"shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}")
-    target.copy_(tensor)
-    if shard is None:
-        self._whole.add(param_name)
-
-
-# %% ../../nbs/04b_qwen3_moe.ipynb #df153035
-@patch
-def expected_shards(self: FusedMoE, param_name: str):
-    "The pieces the loader must fill: the whole tensor if it came whole, else every expert's part."
-    if param_name in self._whole:
-        return [None]
-    parts = ("down",) if param_name.startswith("down") else ("gate", "up")
-    return [(e, p) for e in range(self.num_experts) for p in parts]
-
-
-# %% ../../nbs/04b_qwen3_moe.ipynb #1b97b942
-@patch
-def forward(self: FusedMoE, x, topk_weights, topk_ids):
-    scales = (self.gate_up_proj_scale_inv, self.down_proj_scale_inv) if self.fp8_block else (None, None)
-    return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, *scales, self.fp8_block or 128)
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        scales = (self.gate_up_proj_scale_inv, self.down_proj_scale_inv) if self.fp8_block else (None, None)
+        return ops.fused_moe(
+            x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, *scales, self.fp8_block or 128
+        )
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #db6fd48c
 class SparseMoeBlock(nn.Module):
     "Router `gate [E, H]` + top-k + `FusedMoE` experts: Qwen3-MoE's `mlp` on a sparse layer."
 
-    def __init__(self, config, dtype=None, device=None, fp8_block: int | None = None):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        fp8_block: int | None = None,
+    ):
         super().__init__()
         E, H = num_experts(config), config.hidden_size
         self.top_k, self.renormalize = int(config.num_experts_per_tok), bool(getattr(config, "norm_topk_prob", False))
@@ -121,16 +125,13 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(H, E, False, dtype, device)
         self.experts = FusedMoE(E, H, config.moe_intermediate_size, dtype, device, fp8_block)
 
-
-# %% ../../nbs/04b_qwen3_moe.ipynb #b230ce03
-@patch
-def forward(self: SparseMoeBlock, x):  # noqa: F811 (patched onto the class)
-    topk_weights, topk_ids = ops.moe_topk(self.gate(x), self.top_k, self.renormalize)
-    return self.experts(x, topk_weights, topk_ids)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = ops.moe_topk(self.gate(x), self.top_k, self.renormalize)
+        return self.experts(x, topk_weights, topk_ids)
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #697fefc6
-def fp8_block_size(quant) -> int | None:
+def fp8_block_size(quant: QuantConfig | None) -> int | None:
     "The square scale block of a block-fp8 `quant` config (None without quantisation); other schemes are refused."
     if quant is None:
         return None
@@ -153,37 +154,37 @@ class Qwen3MoeForCausalLM(CausalLM):
     qk_norm = True
     expert_parts = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        super().check_config(config)
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"{cls.__name__}: hidden_act '{config.hidden_act}' is not supported (silu only)")
+        num_experts(config)
 
-# %% ../../nbs/04b_qwen3_moe.ipynb #518761de
-@patch(cls_method=True)
-def check_config(cls: Qwen3MoeForCausalLM, config):
-    super(Qwen3MoeForCausalLM, cls).check_config(config)
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise ValueError(f"{cls.__name__}: hidden_act '{config.hidden_act}' is not supported (silu only)")
-    num_experts(config)
+    def make_mlp(
+        self,
+        config: PretrainedConfig,
+        layer_idx: int,
+        dtype: torch.dtype | None,
+        device: torch.device | str | None,
+        quant: QuantConfig | None,
+        prefix: str,
+    ):
+        if not is_sparse_layer(config, layer_idx):
+            return super().make_mlp(config, layer_idx, dtype, device, quant, prefix)
+        return SparseMoeBlock(config, dtype, device, fp8_block_size(quant))
 
-
-# %% ../../nbs/04b_qwen3_moe.ipynb #4921ecc8
-@patch
-def make_mlp(self: Qwen3MoeForCausalLM, config, layer_idx, dtype, device, quant, prefix):
-    if not is_sparse_layer(config, layer_idx):
-        return super(Qwen3MoeForCausalLM, self).make_mlp(config, layer_idx, dtype, device, quant, prefix)
-    return SparseMoeBlock(config, dtype, device, fp8_block_size(quant))
-
-
-# %% ../../nbs/04b_qwen3_moe.ipynb #5dc584f0
-@patch
-def route(self: Qwen3MoeForCausalLM, name: str):
-    "Per-expert `...mlp.experts.{e}.{gate,up,down}_proj.{weight,weight_scale_inv}` to `(experts, stacked, (e, part))`."
-    p = name.split(".")
-    if len(p) >= 4 and p[-4] == "experts" and p[-3].isdigit() and p[-2] in self.expert_parts:
-        suffix = {"weight": "", "weight_scale_inv": "_scale_inv"}.get(p[-1])
-        module = self.get_submodule(".".join(p[:-3]))
-        pname = ("down_proj" if p[-2] == "down_proj" else "gate_up_proj") + (suffix or "")
-        if suffix is None or not isinstance(getattr(module, pname, None), torch.Tensor):
-            raise KeyError(name)
-        return module, pname, (int(p[-3]), self.expert_parts[p[-2]])
-    return super(Qwen3MoeForCausalLM, self).route(name)
+    def route(self, name: str) -> tuple[Any, str, Any]:
+        "Per-expert `...experts.{e}.{gate,up,down}_proj.{weight,weight_scale_inv}` to `(experts, stacked, (e, part))`."
+        p = name.split(".")
+        if len(p) >= 4 and p[-4] == "experts" and p[-3].isdigit() and p[-2] in self.expert_parts:
+            suffix = {"weight": "", "weight_scale_inv": "_scale_inv"}.get(p[-1])
+            module = self.get_submodule(".".join(p[:-3]))
+            pname = ("down_proj" if p[-2] == "down_proj" else "gate_up_proj") + (suffix or "")
+            if suffix is None or not isinstance(getattr(module, pname, None), torch.Tensor):
+                raise KeyError(name)
+            return module, pname, (int(p[-3]), self.expert_parts[p[-2]])
+        return super().route(name)
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #7d108c94
@@ -192,7 +193,9 @@ MODEL_REGISTRY["Qwen3MoeForCausalLM"] = MODEL_TYPES["qwen3_moe"] = Qwen3MoeForCa
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #8f3c5457
 @torch.no_grad()
-def random_model(config, dtype=torch.bfloat16, device="cuda", seed: int = 0):
+def random_model(
+    config: PretrainedConfig, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda", seed: int = 0
+) -> nn.Module:
     "A model of `config`'s registered class on `device`, random 16-bit weights drawn as `make_random_checkpoint` does."
     with torch.device(device):
         model = model_class(config)(config, dtype=dtype, device=device)

@@ -6,33 +6,32 @@ Docs: https://litellama.github.io/litellama/nbs/qwen3_vl_2_model.html.md"""
 
 # %% auto #0
 __all__ = [
-    "QWEN3_VL_CHAT_TEMPLATE",
-    "QWEN3_VL_SHAPES",
     "image_positions",
     "mrope_positions",
     "expand_images",
     "token_types",
     "Qwen3VLForConditionalGeneration",
-    "image_token_counts",
     "qwen3_vl_key",
-    "qwen3_vl_config",
-    "qwen3_vl_image_processor",
 ]
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #c4b61610
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
 from ..layers.attention import ModelInput
+from ..layers.linear import QuantConfig
 from ..multimodal.processing import ImageInput, MultiModalError, image_hash, repeat_placeholders
-from ..utils import patch
 from .decoder import CausalLM, Qwen3ForCausalLM
 from .qwen3_vl_vision import Qwen3VLVisionModel
 
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #7708e9fe
-def image_positions(start: int, grid, merge: int) -> torch.Tensor:
+def image_positions(start: int, grid: torch.Tensor | tuple | list, merge: int) -> torch.Tensor:
     "`[3, t*h*w/merge^2]` (time, height, width) positions of one image's tokens, its merged grid offset by `start`."
     t, h, w = (int(grid[0]), int(grid[1]) // merge, int(grid[2]) // merge)
     tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
@@ -40,7 +39,7 @@ def image_positions(start: int, grid, merge: int) -> torch.Tensor:
 
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #35460aea
-def mrope_positions(num_tokens: int, spans, grids, merge: int):
+def mrope_positions(num_tokens: int, spans: list, grids: torch.Tensor | list, merge: int) -> tuple[torch.Tensor, int]:
     """`(positions [3, num_tokens], rope_delta)` of a prompt whose images sit at `spans` `[(offset, length)]` with
     patch grids `grids`."""
     rows, shift, prev = [], 0, 0
@@ -57,7 +56,7 @@ def mrope_positions(num_tokens: int, spans, grids, merge: int):
 
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #5d5d15b9
-def expand_images(ids: list, image_token_id: int, sizes: list):
+def expand_images(ids: list, image_token_id: int, sizes: list) -> tuple[list, list]:
     """`(ids with the i-th image placeholder repeated sizes[i] times, [(offset, length)] per image)`; already
     expanded runs are kept."""
     pos = [i for i, t in enumerate(ids) if t == image_token_id]
@@ -86,7 +85,13 @@ class Qwen3VLForConditionalGeneration(nn.Module):
     uses_mrope = True
     num_image_tokens = None  # depends on each image's size
 
-    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype | None = torch.float32,
+        device: torch.device | str | None = "cpu",
+        quant: QuantConfig | None = None,
+    ):
         super().__init__()
         tc, vc = config.text_config, config.vision_config
         self.config, self.text_config = config, tc
@@ -102,97 +107,80 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         self.num_deepstack = len(vc.deepstack_visual_indexes)
         self.hidden = tc.hidden_size
 
+    def embed_images(self, pixel_values: torch.Tensor, grids: torch.Tensor | list) -> list:
+        """One `[tokens, hidden * (1 + deepstack layers)]` tensor per image: its merged features, then each DeepStack
+        feature."""
+        feats, ds = self.visual(pixel_values, grids)
+        both = torch.cat([feats, *ds], -1)
+        return list(both.split([t * h * w // self.merge**2 for t, h, w in grids]))
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #7b193710
-@patch
-def embed_images(self: Qwen3VLForConditionalGeneration, pixel_values, grids) -> list:
-    """One `[tokens, hidden * (1 + deepstack layers)]` tensor per image: its merged features, then each DeepStack
-    feature."""
-    feats, ds = self.visual(pixel_values, grids)
-    both = torch.cat([feats, *ds], -1)
-    return list(both.split([t * h * w // self.merge**2 for t, h, w in grids]))
+    def process_images(
+        self,
+        image_processor: Any,
+        ids: list,
+        images: list,
+        max_model_len: int,
+        device: torch.device | str | None = None,
+    ) -> tuple:
+        "`(ids with each image placeholder expanded to its t*h*w/4 tokens, ImageInput per image)`; features made once."
+        if not images:
+            return expand_images(ids, self.image_token_id, [])
+        out = image_processor(images, return_tensors="pt")
+        grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
+        sizes = [t * h * w // self.merge**2 for t, h, w in grids]
+        new, spans = expand_images(ids, self.image_token_id, sizes)
+        if len(new) >= max_model_len:
+            raise MultiModalError(
+                f"the prompt with {len(images)} image(s) of {', '.join(map(str, sizes))} tokens has {len(new)} tokens; "
+                f"the model's context is {max_model_len} tokens"
+            )
+        if device is None:
+            device = next(self.parameters()).device
+        with torch.inference_mode():
+            feats = self.embed_images(out["pixel_values"].to(device), grids)
+        mm, shift = [], 0
+        for (off, n), g, im, f in zip(spans, grids, images, feats, strict=True):
+            p = image_positions(off + shift, g, self.merge)
+            shift += max(g[1], g[2]) // self.merge - n
+            mm.append(ImageInput(off, n, image_hash(im), f, positions=p, rope_shift=shift))
+        return new, tuple(mm)
 
+    def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.model.embed_tokens(ids)
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #52c3ead7
-@patch
-def process_images(
-    self: Qwen3VLForConditionalGeneration, image_processor, ids: list, images: list, max_model_len: int, device=None
-):
-    "`(ids with each image placeholder expanded to its t*h*w/4 tokens, ImageInput per image)`; features computed once."
-    if not images:
-        return expand_images(ids, self.image_token_id, [])
-    out = image_processor(images, return_tensors="pt")
-    grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
-    sizes = [t * h * w // self.merge**2 for t, h, w in grids]
-    new, spans = expand_images(ids, self.image_token_id, sizes)
-    if len(new) >= max_model_len:
-        raise MultiModalError(
-            f"the prompt with {len(images)} image(s) of {', '.join(map(str, sizes))} tokens has {len(new)} tokens; "
-            f"the model's context is {max_model_len} tokens"
-        )
-    if device is None:
-        device = next(self.parameters()).device
-    with torch.inference_mode():
-        feats = self.embed_images(out["pixel_values"].to(device), grids)
-    mm, shift = [], 0
-    for (off, n), g, im, f in zip(spans, grids, images, feats, strict=True):
-        p = image_positions(off + shift, g, self.merge)
-        shift += max(g[1], g[2]) // self.merge - n
-        mm.append(ImageInput(off, n, image_hash(im), f, positions=p, rope_shift=shift))
-    return new, tuple(mm)
+    def bind_kv_cache(self, kv_cache: Iterable) -> None:
+        self.language_model.bind_kv_cache(kv_cache)
 
+    def forward(self, mi: ModelInput) -> torch.Tensor:
+        lm = self.language_model.model
+        x, ds = mi.inputs_embeds, None
+        if x is None:
+            x = lm.embed_tokens(mi.input_ids)
+        elif x.shape[-1] > self.hidden:
+            x, ds = x[:, : self.hidden], x[:, self.hidden :].unflatten(-1, (self.num_deepstack, self.hidden))
+        rot, base = lm.rotary, lm.rotary.cos_sin_cache
+        pos = mi.positions
+        if pos.dim() == 2:  # three rows: each token's own cos|sin rows, read in order
+            rot.cos_sin_cache = ops.mrope_cos_sin(pos, base, self.mrope_section)
+            pos = torch.arange(pos.shape[1], device=pos.device)
+        try:
+            residual = None
+            for i, layer in enumerate(lm.layers):
+                x, residual = layer(pos, x, residual, mi.attn)
+                if ds is not None and i < self.num_deepstack:
+                    x = x + ds[:, i]
+        finally:
+            rot.cos_sin_cache = base
+        h = lm.norm(x, residual)[0]
+        return self.language_model.lm_head(h[mi.logits_indices])
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #951c6161
-@patch
-def embed_input_ids(self: Qwen3VLForConditionalGeneration, ids):
-    return self.language_model.model.embed_tokens(ids)
+    def route(self, name: str) -> tuple[Any, str, Any]:
+        return CausalLM.route(self, qwen3_vl_key(name))  # type: ignore[arg-type]  # the same lookup, over this model
 
+    def image_token_counts(self, image_processor: Any, images: list) -> list:
+        "Each image's number of tokens from its size alone (the image processor's resize rule), no pixel processed."
+        return [image_processor.get_number_of_image_patches(im.height, im.width, {}) // self.merge**2 for im in images]
 
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #c1c6a9cb
-@patch
-def bind_kv_cache(self: Qwen3VLForConditionalGeneration, kv_cache):
-    self.language_model.bind_kv_cache(kv_cache)
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #60bb01c9
-@patch
-def forward(self: Qwen3VLForConditionalGeneration, mi: ModelInput) -> torch.Tensor:
-    lm = self.language_model.model
-    x, ds = mi.inputs_embeds, None
-    if x is None:
-        x = lm.embed_tokens(mi.input_ids)
-    elif x.shape[-1] > self.hidden:
-        x, ds = x[:, : self.hidden], x[:, self.hidden :].unflatten(-1, (self.num_deepstack, self.hidden))
-    rot, base = lm.rotary, lm.rotary.cos_sin_cache
-    pos = mi.positions
-    if pos.dim() == 2:  # three rows: each token's own cos|sin rows, read in order
-        rot.cos_sin_cache = ops.mrope_cos_sin(pos, base, self.mrope_section)
-        pos = torch.arange(pos.shape[1], device=pos.device)
-    try:
-        residual = None
-        for i, layer in enumerate(lm.layers):
-            x, residual = layer(pos, x, residual, mi.attn)
-            if ds is not None and i < self.num_deepstack:
-                x = x + ds[:, i]
-    finally:
-        rot.cos_sin_cache = base
-    h = lm.norm(x, residual)[0]
-    return self.language_model.lm_head(h[mi.logits_indices])
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #3cc8699a
-@patch
-def route(self: Qwen3VLForConditionalGeneration, name: str):
-    return CausalLM.route(self, qwen3_vl_key(name))
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #d7baeb37
-def image_token_counts(self, image_processor, images) -> list:
-    "Each image's number of tokens from its size alone (the image processor's resize rule), no pixel processed."
-    return [image_processor.get_number_of_image_patches(im.height, im.width, {}) // self.merge**2 for im in images]
-
-
-Qwen3VLForConditionalGeneration.image_token_counts = image_token_counts
 
 # %% ../../nbs/30_qwen3_vl_2_model.ipynb #49b0c866
 _PREFIXES = (
@@ -211,121 +199,3 @@ def qwen3_vl_key(name: str) -> str:
         if name.startswith(old):
             return new + name[len(old) :]
     return name
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #43d062f8
-QWEN3_VL_CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['content'] is string %}{{ m['content'] }}"
-    """{% else %}{% for p in m['content'] %}{% if p['type'] in ('image', 'image_url') %}{{
-    '<|vision_start|><|image_pad|><|vision_end|>' }}"""
-    "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #bbb1813f
-QWEN3_VL_SHAPES = {
-    "tiny-qwen3-vl": dict(
-        text=dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            vocab_size=320,
-            max_position_embeddings=1024,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            rope_parameters=dict(
-                rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3], mrope_interleaved=True
-            ),
-        ),
-        vision=dict(
-            depth=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=4,
-            patch_size=16,
-            temporal_patch_size=2,
-            spatial_merge_size=2,
-            out_hidden_size=64,
-            num_position_embeddings=16,
-            deepstack_visual_indexes=[0],
-            hidden_act="gelu_pytorch_tanh",
-        ),
-        pixels=(32 * 32, 256 * 256),
-    ),
-}
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #5d055cb7
-QWEN3_VL_SHAPES["qwen3-vl-4b"] = dict(
-    text=dict(
-        hidden_size=2560,
-        intermediate_size=9728,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        max_position_embeddings=262144,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        rope_parameters=dict(
-            rope_type="default", rope_theta=5000000.0, mrope_section=[24, 20, 20], mrope_interleaved=True
-        ),
-    ),
-    vision=dict(
-        depth=24,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_heads=16,
-        patch_size=16,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-        out_hidden_size=2560,
-        num_position_embeddings=2304,
-        deepstack_visual_indexes=[5, 11, 17],
-        hidden_act="gelu_pytorch_tanh",
-    ),
-    pixels=(65536, 16777216),
-)
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #7412960b
-def qwen3_vl_config(
-    like: str, image_token_id: int, vision_start_token_id: int, vision_end_token_id: int, **text_overrides
-):
-    "A transformers `Qwen3VLConfig` of one of `QWEN3_VL_SHAPES`."
-    from transformers import Qwen3VLConfig
-
-    if like not in QWEN3_VL_SHAPES:
-        raise ValueError(f"unknown Qwen3-VL shape '{like}'; known: {', '.join(QWEN3_VL_SHAPES)}")
-    s = QWEN3_VL_SHAPES[like]
-    text = {**s["text"], **text_overrides}
-    return Qwen3VLConfig(
-        text_config=text,
-        vision_config=dict(s["vision"]),
-        image_token_id=image_token_id,
-        video_token_id=image_token_id,
-        vision_start_token_id=vision_start_token_id,
-        vision_end_token_id=vision_end_token_id,
-        tie_word_embeddings=text["tie_word_embeddings"],
-        architectures=["Qwen3VLForConditionalGeneration"],
-    )
-
-
-# %% ../../nbs/30_qwen3_vl_2_model.ipynb #abba9402
-def qwen3_vl_image_processor(like: str):
-    """transformers' PIL image processor with Qwen3-VL's settings: 16-px patches, 2x2 merge (sizes multiples of 32),
-    mean and std 0.5."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    lo, hi = QWEN3_VL_SHAPES[like]["pixels"]
-    return Qwen2VLImageProcessorPil(
-        patch_size=16,
-        temporal_patch_size=2,
-        merge_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        size={"shortest_edge": lo, "longest_edge": hi},
-    )

@@ -8,18 +8,20 @@ Docs: https://litellama.github.io/litellama/nbs/qwen3_vl_1_vision.html.md"""
 __all__ = ["VISION_ACTS", "VisionMLP", "VisionBlock", "PatchMerger", "Qwen3VLVisionModel"]
 
 # %% ../../nbs/30_qwen3_vl_1_vision.ipynb #a6ff0f99
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..kernels.registry import ops
-from ..layers.base import Linear
-from ..utils import patch
+from ..layers.linear import Linear
 from .llava import LayerNorm
 
 
 # %% ../../nbs/30_qwen3_vl_1_vision.ipynb #19202365
-def _gelu_tanh(x):
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x.float(), approximate="tanh").to(x.dtype)
 
 
@@ -29,7 +31,9 @@ VISION_ACTS = {"gelu_pytorch_tanh": _gelu_tanh, "gelu": lambda x: ops.gelu(x)}
 
 # %% ../../nbs/30_qwen3_vl_1_vision.ipynb #1e78b4df
 class VisionMLP(nn.Module):
-    def __init__(self, vc, dtype=None, device=None):
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         if vc.hidden_act not in VISION_ACTS:
             raise ValueError(f"unsupported vision hidden_act '{vc.hidden_act}'; supported: {', '.join(VISION_ACTS)}")
@@ -37,18 +41,19 @@ class VisionMLP(nn.Module):
         self.linear_fc2 = Linear(vc.intermediate_size, vc.hidden_size, True, dtype, device)
         self.act = VISION_ACTS[vc.hidden_act]
 
-
-# %% ../../nbs/30_qwen3_vl_1_vision.ipynb #772a80f2
-@patch
-def forward(self: VisionMLP, x):
-    return self.linear_fc2(self.act(self.linear_fc1(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(self.act(self.linear_fc1(x)))
 
 
 # %% ../../nbs/30_qwen3_vl_1_vision.ipynb #fa31cafa
 class VisionBlock(nn.Module):
     "`x + proj(attn(rope(qkv(norm1(x)))))`, then `x + mlp(norm2(x))`; attention within each image only."
 
-    def __init__(self, vc, dtype=None, device=None):
+    attn: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         H = vc.hidden_size
         self.num_heads, self.head_dim = vc.num_heads, H // vc.num_heads
@@ -58,28 +63,31 @@ class VisionBlock(nn.Module):
         self.attn.proj = Linear(H, H, True, dtype, device)
         self.mlp = VisionMLP(vc, dtype, device)
 
-
-# %% ../../nbs/30_qwen3_vl_1_vision.ipynb #ccb030e1
-@patch
-def forward(self: VisionBlock, x, cos_sin, cu_seqlens: list):  # noqa: F811 - patched onto the class
-    N = x.shape[0]
-    q, k, v = self.attn.qkv(self.norm1(x)).view(N, 3, self.num_heads, self.head_dim).unbind(1)
-    q, k = ops.rotary_embedding(torch.arange(N, device=x.device), q, k, cos_sin)
-    out = torch.cat(
-        [
-            ops.vision_attention(q[None, a:b], k[None, a:b], v[None, a:b].contiguous(), self.head_dim**-0.5)[0]
-            for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)
-        ]
-    )
-    x = x + self.attn.proj(out.reshape(N, -1))
-    return x + self.mlp(self.norm2(x))
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, cu_seqlens: list) -> torch.Tensor:
+        N = x.shape[0]
+        q, k, v = self.attn.qkv(self.norm1(x)).view(N, 3, self.num_heads, self.head_dim).unbind(1)
+        q, k = ops.rotary_embedding(torch.arange(N, device=x.device), q, k, cos_sin)
+        out = torch.cat(
+            [
+                ops.vision_attention(q[None, a:b], k[None, a:b], v[None, a:b].contiguous(), self.head_dim**-0.5)[0]
+                for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)
+            ]
+        )
+        x = x + self.attn.proj(out.reshape(N, -1))
+        return x + self.mlp(self.norm2(x))
 
 
 # %% ../../nbs/30_qwen3_vl_1_vision.ipynb #b069c933
 class PatchMerger(nn.Module):
     "LayerNorm (before or after gathering each 2x2 block), then `fc2(gelu(fc1(block)))`: four patches become one token."
 
-    def __init__(self, vc, postshuffle: bool, dtype=None, device=None):
+    def __init__(
+        self,
+        vc: PretrainedConfig,
+        postshuffle: bool,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         self.width = vc.hidden_size * vc.spatial_merge_size**2
         self.postshuffle = postshuffle
@@ -87,19 +95,21 @@ class PatchMerger(nn.Module):
         self.linear_fc1 = Linear(self.width, self.width, True, dtype, device)
         self.linear_fc2 = Linear(self.width, vc.out_hidden_size, True, dtype, device)
 
-
-# %% ../../nbs/30_qwen3_vl_1_vision.ipynb #e4d635b4
-@patch
-def forward(self: PatchMerger, x):  # noqa: F811 - patched onto the class
-    x = self.norm(x.reshape(-1, self.width)) if self.postshuffle else self.norm(x).reshape(-1, self.width)
-    return self.linear_fc2(ops.gelu(self.linear_fc1(x)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x.reshape(-1, self.width)) if self.postshuffle else self.norm(x).reshape(-1, self.width)
+        return self.linear_fc2(ops.gelu(self.linear_fc1(x)))
 
 
 # %% ../../nbs/30_qwen3_vl_1_vision.ipynb #cacaf29b
 class Qwen3VLVisionModel(nn.Module):
     "Patch embedding, interpolated learned positions, 2-D rotary blocks, the merger and the DeepStack mergers."
 
-    def __init__(self, vc, dtype=None, device=None):
+    patch_embed: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+    pos_embed: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
         super().__init__()
         H, p, tp = vc.hidden_size, vc.patch_size, vc.temporal_patch_size
         self.merge, self.hidden = vc.spatial_merge_size, H
@@ -124,73 +134,61 @@ class Qwen3VLVisionModel(nn.Module):
             PatchMerger(vc, True, dtype, device) for _ in self.deepstack_visual_indexes
         )
 
+    def _block_order(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        "Row and column of each patch in the processor's order: 2x2 merge blocks in raster order, raster inside each."
+        m = self.merge
+        r = torch.arange(h, device="cpu").view(h // m, 1, m, 1).expand(-1, w // m, -1, m).reshape(-1)
+        c = torch.arange(w, device="cpu").view(1, w // m, 1, m).expand(h // m, -1, m, -1).reshape(-1)
+        return r, c
 
-# %% ../../nbs/30_qwen3_vl_1_vision.ipynb #d432b4ef
-@patch
-def _block_order(self: Qwen3VLVisionModel, h: int, w: int):
-    "Row and column of each patch in the processor's order: 2x2 merge blocks in raster order, raster inside each."
-    m = self.merge
-    r = torch.arange(h, device="cpu").view(h // m, 1, m, 1).expand(-1, w // m, -1, m).reshape(-1)
-    c = torch.arange(w, device="cpu").view(1, w // m, 1, m).expand(h // m, -1, m, -1).reshape(-1)
-    return r, c
+    def pos_embeds(self, grids: torch.Tensor | list) -> torch.Tensor:
+        "The learned `side x side` position table resampled bilinearly (corners aligned) to each image's patch grid."
+        out, E = [], self.pos_embed.weight
+        for t, h, w in grids:
+            r, c = self._block_order(h, w)
 
+            def taps(i: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                src = i.float() * (self.side - 1) / max(n - 1, 1)
+                lo = src.floor()
+                f = src - lo
+                lo = lo.long()
+                return lo, (lo + 1).clamp(max=self.side - 1), f
 
-# %% ../../nbs/30_qwen3_vl_1_vision.ipynb #90241508
-@patch
-def pos_embeds(self: Qwen3VLVisionModel, grids) -> torch.Tensor:
-    "The learned `side x side` position table resampled bilinearly (corners aligned) to each image's patch grid."
-    out, E = [], self.pos_embed.weight
-    for t, h, w in grids:
-        r, c = self._block_order(h, w)
+            r0, r1, fr = taps(r, h)
+            c0, c1, fc = taps(c, w)
+            idx = torch.stack(
+                [r0 * self.side + c0, r0 * self.side + c1, r1 * self.side + c0, r1 * self.side + c1], 1
+            ).to(E.device)
+            wts = torch.stack([(1 - fr) * (1 - fc), (1 - fr) * fc, fr * (1 - fc), fr * fc], 1).to(E.device)
+            out.append((E[idx] * wts[:, :, None].to(E.dtype)).sum(1).repeat(t, 1))
+        return torch.cat(out)
 
-        def taps(i, n):
-            src = i.float() * (self.side - 1) / max(n - 1, 1)
-            lo = src.floor()
-            f = src - lo
-            lo = lo.long()
-            return lo, (lo + 1).clamp(max=self.side - 1), f
+    def rotary(self, grids: torch.Tensor | list, device: torch.device | str | None) -> torch.Tensor:
+        """`[patches, head_dim]` cos|sin of each patch: the first half of the frequencies turn with its row, the second
+        with its column."""
+        rows = []
+        for t, h, w in grids:
+            r, c = self._block_order(h, w)
+            ang = torch.cat([r[:, None] * self.inv_freq, c[:, None] * self.inv_freq], -1)
+            rows.append(torch.cat([ang.cos(), ang.sin()], -1).repeat(t, 1))
+        return torch.cat(rows).to(device)
 
-        r0, r1, fr = taps(r, h)
-        c0, c1, fc = taps(c, w)
-        idx = torch.stack([r0 * self.side + c0, r0 * self.side + c1, r1 * self.side + c0, r1 * self.side + c1], 1).to(
-            E.device
+    def forward(self, pixel_values: torch.Tensor, grids: torch.Tensor | list) -> tuple[torch.Tensor, list]:
+        """`(merged [tokens, out_hidden], [deepstack features [tokens, out_hidden] per index])` for patches of images
+        `grids` `[(t, h, w)]`."""
+        w = self.patch_embed.proj.weight
+        x = ops.linear(
+            pixel_values.to(w.dtype).reshape(-1, w[0].numel()), w.reshape(w.shape[0], -1), self.patch_embed.proj.bias
         )
-        wts = torch.stack([(1 - fr) * (1 - fc), (1 - fr) * fc, fr * (1 - fc), fr * fc], 1).to(E.device)
-        out.append((E[idx] * wts[:, :, None].to(E.dtype)).sum(1).repeat(t, 1))
-    return torch.cat(out)
-
-
-# %% ../../nbs/30_qwen3_vl_1_vision.ipynb #bc26767b
-@patch
-def rotary(self: Qwen3VLVisionModel, grids, device) -> torch.Tensor:
-    """`[patches, head_dim]` cos|sin of each patch: the first half of the frequencies turn with its row, the second
-    with its column."""
-    rows = []
-    for t, h, w in grids:
-        r, c = self._block_order(h, w)
-        ang = torch.cat([r[:, None] * self.inv_freq, c[:, None] * self.inv_freq], -1)
-        rows.append(torch.cat([ang.cos(), ang.sin()], -1).repeat(t, 1))
-    return torch.cat(rows).to(device)
-
-
-# %% ../../nbs/30_qwen3_vl_1_vision.ipynb #215cce8b
-@patch
-def forward(self: Qwen3VLVisionModel, pixel_values, grids):  # noqa: F811 - patched onto the class
-    """`(merged [tokens, out_hidden], [deepstack features [tokens, out_hidden] per index])` for patches of images
-    `grids` `[(t, h, w)]`."""
-    w = self.patch_embed.proj.weight
-    x = ops.linear(
-        pixel_values.to(w.dtype).reshape(-1, w[0].numel()), w.reshape(w.shape[0], -1), self.patch_embed.proj.bias
-    )
-    x = x + self.pos_embeds(grids).to(x.dtype)
-    cs = self.rotary(grids, x.device)
-    cu = [0]
-    for t, h, ww in grids:
-        for _ in range(t):
-            cu.append(cu[-1] + h * ww)  # each frame attends within itself
-    ds = []
-    for i, blk in enumerate(self.blocks):
-        x = blk(x, cs, cu)
-        if i in self.deepstack_visual_indexes:
-            ds.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x))
-    return self.merger(x), ds
+        x = x + self.pos_embeds(grids).to(x.dtype)
+        cs = self.rotary(grids, x.device)
+        cu = [0]
+        for t, h, ww in grids:
+            for _ in range(t):
+                cu.append(cu[-1] + h * ww)  # each frame attends within itself
+        ds = []
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, cs, cu)
+            if i in self.deepstack_visual_indexes:
+                ds.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x))
+        return self.merger(x), ds

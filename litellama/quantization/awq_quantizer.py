@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..kernels.w4a16 import awq_pack
-from ..layers.base import head_dim
+from ..layers.linear import head_dim
 from ..utils import data_file
 
 

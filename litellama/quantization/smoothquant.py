@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..executor.model_input import build_model_input
-from ..layers.base import QuantConfig, head_dim
+from ..layers.linear import QuantConfig, head_dim
 from ..layers.quant8 import fp8_block_quantize, quantize_per_channel
 from ..models.loader import iter_weights, load_model, weight_files
 from ..utils import data_file

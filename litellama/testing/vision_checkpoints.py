@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..models.llava import LLAVA_CHAT_TEMPLATE, llava_config, llava_processor
-from ..models.qwen3_vl import QWEN3_VL_CHAT_TEMPLATE, qwen3_vl_config, qwen3_vl_image_processor
 from ..multimodal.processing import quiet_transformers
+from . import vision_shapes
 from .random_weights import random_weight, write_random_weights
 from .tokenizer import make_tokenizer
 
@@ -52,7 +51,7 @@ def make_llava_checkpoint(like: str, out_dir, dtype=torch.float32, seed: int = 0
     tok = make_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<image>"]})
     image_id = tok.convert_tokens_to_ids("<image>")
-    config = llava_config(
+    config = vision_shapes.llava_config(
         like, image_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None
     )
     config.eos_token_id, config.pad_token_id = tok.eos_token_id, tok.pad_token_id
@@ -60,8 +59,10 @@ def make_llava_checkpoint(like: str, out_dir, dtype=torch.float32, seed: int = 0
     with quiet_transformers():
         tiny = like.startswith("tiny")
         write_random_model(HFLlava, config, out, dtype, seed, shard_bytes, tiny, _jitter_norms_and_biases)
-        llava_processor(tok, config.vision_config.image_size, config.vision_config.patch_size).save_pretrained(out)
-        tok.chat_template = LLAVA_CHAT_TEMPLATE
+        vision_shapes.llava_processor(
+            tok, config.vision_config.image_size, config.vision_config.patch_size
+        ).save_pretrained(out)
+        tok.chat_template = vision_shapes.LLAVA_CHAT_TEMPLATE
         tok.save_pretrained(out)
     return out
 
@@ -73,7 +74,7 @@ def qwen3_vl_tokenizer():
     tok.add_special_tokens(
         {"additional_special_tokens": ["<|im_start|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]}
     )
-    tok.chat_template = QWEN3_VL_CHAT_TEMPLATE
+    tok.chat_template = vision_shapes.QWEN3_VL_CHAT_TEMPLATE
     return tok
 
 
@@ -96,10 +97,10 @@ def make_qwen3_vl_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     tok = qwen3_vl_tokenizer()
     ids = tok.convert_tokens_to_ids(["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"])
-    config = qwen3_vl_config(like, *ids, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = vision_shapes.qwen3_vl_config(like, *ids, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
     with quiet_transformers():
         write_random_model(HF, config, out, dtype, seed, shard_bytes, like.startswith("tiny"), _redraw_all)
-        qwen3_vl_image_processor(like).save_pretrained(out)
+        vision_shapes.qwen3_vl_image_processor(like).save_pretrained(out)
         tok.save_pretrained(out)
     return out
