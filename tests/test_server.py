@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (`litellama.entrypoints.server`), end to end: a real uvicorn server in a subprocess over a tiny
+"""The OpenAI-compatible server (`litellama.entrypoints.openai`), end to end: a real uvicorn server in a subprocess over a tiny
 random checkpoint, driven by the official `openai` client and by httpx."""
 import asyncio, importlib.util, json, math, os, signal, subprocess, sys, tempfile, threading, time
 import pytest
@@ -320,7 +320,7 @@ def test_still_serving_after_bad_inputs(client, server):
 
 # ---------------------------------------------------------------------------------------------------- benchmark
 def test_bench_serving_smoke(server):
-    from litellama.entrypoints.server import bench_serving
+    from litellama.benchmarks.load_client import bench_serving
     res = bench_serving(server, MODEL, rates=[8.0, float("inf")], num_requests=6, prompt_len=12, max_tokens=6, seed=0, api_key=KEY)
     assert len(res["results"]) == 2
     for r in res["results"]:

@@ -238,7 +238,7 @@ def cmd_demo(a):
 
 # %% ../../nbs/16_cli.ipynb #46307e6b
 def cmd_serve(a):
-    from litellama.entrypoints.server import serve
+    from litellama.entrypoints.openai.api_server import serve
 
     serve(
         a.model,
