@@ -7,7 +7,7 @@ Docs: https://litellama.github.io/litellama/benchmarks_nb/load_client.html.md"""
 # %% auto #0
 __all__ = ["BENCH_SCHEMA", "bench_serving"]
 
-# %% ../../benchmarks_nb/01_load_client.ipynb #2c30f12c
+# %% ../../benchmarks_nb/01_load_client.ipynb #8181433e
 import asyncio
 import importlib
 import json
@@ -18,7 +18,7 @@ import time
 from types import ModuleType
 
 
-# %% ../../benchmarks_nb/01_load_client.ipynb #c0e34035
+# %% ../../benchmarks_nb/01_load_client.ipynb #418875d3
 def _need(name: str) -> ModuleType:
     "Import `name`, or explain how to get it."
     try:

@@ -43,7 +43,7 @@ __all__ = [
     "with_tools",
 ]
 
-# %% ../../nbs/15_server.ipynb #3e456bb1
+# %% ../../nbs/15_server.ipynb #1ad4ace0
 import warnings
 
 from litellama.entrypoints.openai.api_server import (
@@ -89,7 +89,7 @@ from .openai.chat import chat_completions
 from .openai.completions import completions
 from .openai.serving import sampling_params, structured_outputs
 
-# %% ../../nbs/15_server.ipynb #6440cd27
+# %% ../../nbs/15_server.ipynb #62afa24b
 _all_ = [
     "BENCH_SCHEMA",
     "DISCONNECT_POLL_S",
@@ -128,7 +128,7 @@ _all_ = [
     "with_tools",
 ]  # what the module offered, for `import *`
 
-# %% ../../nbs/15_server.ipynb #beacd61f
+# %% ../../nbs/15_server.ipynb #a2065c17
 warnings.warn(
     "litellama.entrypoints.server is deprecated and goes away in the next release: import from "
     "litellama.entrypoints.openai.api_server (build_app, serve), litellama.entrypoints.openai.protocol "

@@ -52,7 +52,7 @@ __all__ = [
     "openapi_spec",
 ]
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #b213a526
+# %% ../../../nbs/15a_openai_protocol.ipynb #30243ed0
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
@@ -137,7 +137,7 @@ def check_chars(
         raise APIError(msg, param=param, code="context_length_exceeded")
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #3617022d
+# %% ../../../nbs/15a_openai_protocol.ipynb #d72ce177
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
@@ -154,7 +154,7 @@ class ResponseFormat(BaseModel):
     json_schema: JSONSchema | None = None
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #f3dc2c49
+# %% ../../../nbs/15a_openai_protocol.ipynb #06174f08
 class GenerationRequest(BaseModel):
     "The fields `CompletionRequest` and `ChatRequest` share."
 
@@ -184,7 +184,7 @@ class GenerationRequest(BaseModel):
     user: StrictStr | None = None
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #9b29affa
+# %% ../../../nbs/15a_openai_protocol.ipynb #57941dbd
 class FunctionDef(BaseModel):
     name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: StrictStr | None = None
@@ -206,7 +206,7 @@ class NamedToolChoice(BaseModel):
     function: FunctionName
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #1d5a4f82
+# %% ../../../nbs/15a_openai_protocol.ipynb #fb449f4e
 class CalledFunction(BaseModel):
     name: StrictStr
     arguments: StrictStr  # JSON text, as OpenAI sends it
@@ -220,7 +220,7 @@ class ToolCall(BaseModel):
     function: CalledFunction
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #baa2a399
+# %% ../../../nbs/15a_openai_protocol.ipynb #e4d9513b
 class ImageURL(BaseModel):
     url: StrictStr
     detail: StrictStr | None = None
@@ -241,7 +241,7 @@ class Message(BaseModel):
     tool_call_id: StrictStr | None = None  # a tool message: which call it answers
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #6c8653a9
+# %% ../../../nbs/15a_openai_protocol.ipynb #f64d4b1d
 class CompletionRequest(GenerationRequest):
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
     logprobs: StrictInt | None = None
@@ -249,7 +249,7 @@ class CompletionRequest(GenerationRequest):
     best_of: StrictInt | None = None
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #36b816e1
+# %% ../../../nbs/15a_openai_protocol.ipynb #19bbc7f3
 class ChatRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
@@ -258,9 +258,10 @@ class ChatRequest(GenerationRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #aaee3451
+# %% ../../../nbs/15a_openai_protocol.ipynb #5c6dd814
 class TokenizeRequest(BaseModel):
     model: StrictStr | None = None
     prompt: StrictStr | None = None
@@ -273,7 +274,7 @@ class DetokenizeRequest(BaseModel):
     tokens: list[StrictInt]
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #851fc162
+# %% ../../../nbs/15a_openai_protocol.ipynb #6e280033
 class ErrorBody(BaseModel):
     message: str
     type: str
@@ -291,7 +292,7 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #aa074169
+# %% ../../../nbs/15a_openai_protocol.ipynb #0e7d8e35
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float | None]
@@ -315,7 +316,7 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #9211451f
+# %% ../../../nbs/15a_openai_protocol.ipynb #682c4618
 class TopLogprob(BaseModel):
     token: str
     logprob: float
@@ -330,7 +331,7 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #6cc7b7c6
+# %% ../../../nbs/15a_openai_protocol.ipynb #a4350a3a
 class AssistantToolCall(BaseModel):
     "A call in a reply: unlike a `ToolCall` sent back by a client, its id and type are always there."
 
@@ -343,10 +344,11 @@ class AssistantToolCall(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
+    reasoning_content: str | None = None  # with a reasoning parser: the reply's reasoning, apart from its answer
     tool_calls: list[AssistantToolCall] | None = None
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #e6b57972
+# %% ../../../nbs/15a_openai_protocol.ipynb #4ae52b36
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
@@ -363,7 +365,7 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #3ae457d3
+# %% ../../../nbs/15a_openai_protocol.ipynb #f6627d51
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]
@@ -395,7 +397,7 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #de372388
+# %% ../../../nbs/15a_openai_protocol.ipynb #2e3902c6
 REQUEST_MODELS = (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest)
 RESPONSE_MODELS = (
     ErrorResponse,
@@ -407,7 +409,7 @@ RESPONSE_MODELS = (
     DetokenizeResponse,
 )
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #0206b543
+# %% ../../../nbs/15a_openai_protocol.ipynb #e0c61d63
 ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, type[BaseModel], bool]] = {
     ("post", "/v1/completions"): (CompletionRequest, CompletionResponse, True),
     ("post", "/v1/chat/completions"): (ChatRequest, ChatCompletionResponse, True),
@@ -418,7 +420,7 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, type[BaseModel], boo
 }
 "`(method, path)` -> `(request model, response model, streams)` of the routes the document declares."
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #3cec86f8
+# %% ../../../nbs/15a_openai_protocol.ipynb #f2e03956
 _ERRORS = {
     400: "Invalid request",
     401: "Missing or wrong API key",
@@ -430,7 +432,7 @@ _ERRORS = {
 }
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #5e2a2925
+# %% ../../../nbs/15a_openai_protocol.ipynb #48fd9697
 def _ref(m: type[BaseModel]) -> dict:
     return {"$ref": f"#/components/schemas/{m.__name__}"}
 
@@ -441,7 +443,7 @@ def _error_responses(codes: list[int]) -> dict:
     return {str(c): {"description": _ERRORS[c], "content": json_} for c in codes}
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #d83f99e8
+# %% ../../../nbs/15a_openai_protocol.ipynb #f730db36
 def component_schemas(served: str | None = None) -> dict:
     "Every request and response model as a JSON-schema component; `served`: the one model name that is not a 404."
     models: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
@@ -456,7 +458,7 @@ def component_schemas(served: str | None = None) -> dict:
     return defs
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #a38837b6
+# %% ../../../nbs/15a_openai_protocol.ipynb #497bcc9e
 def _declare_route(op: dict, path: str, req: type[BaseModel] | None, res: type[BaseModel], streams: bool, auth: list):
     "Fill one operation `op` of the OpenAPI document: its request body and its answers."
     ok = {"application/json": {"schema": _ref(res)}}
@@ -477,7 +479,7 @@ def _declare_route(op: dict, path: str, req: type[BaseModel] | None, res: type[B
         op["responses"].update(_error_responses([400, 404, 413, 415] if path.startswith("/v1") else [400, 413, 415]))
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #fa48e741
+# %% ../../../nbs/15a_openai_protocol.ipynb #16a016b6
 def openapi_spec(app: Any, served: str | None = None, auth: bool = False) -> dict:
     "`app`'s OpenAPI document with every request body and response declared (`auth`: routes may answer 401)."
     from fastapi.openapi.utils import get_openapi

@@ -18,7 +18,7 @@ __all__ = [
     "parse_tool_calls",
 ]
 
-# %% ../../../nbs/15b_openai_tool_parsers.ipynb #37ab6872
+# %% ../../../nbs/15b_openai_tool_parsers.ipynb #b15554bd
 import json
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -84,7 +84,7 @@ def tool_call_schema(
     }
 
 
-# %% ../../../nbs/15b_openai_tool_parsers.ipynb #f642ff8a
+# %% ../../../nbs/15b_openai_tool_parsers.ipynb #3edcfe8b
 class ToolParser(ABC):
     "Splits a streamed reply into content and tool calls: `feed(delta)` as text comes, then `finish()`."
 
@@ -104,7 +104,7 @@ class ToolParser(ABC):
         "The events of what was held back, at the end of the reply."
 
 
-# %% ../../../nbs/15b_openai_tool_parsers.ipynb #53c6e848
+# %% ../../../nbs/15b_openai_tool_parsers.ipynb #3cccec66
 TOOL_PARSERS: dict[str, type[ToolParser]] = {}
 
 
