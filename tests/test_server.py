@@ -829,6 +829,24 @@ def test_response_format_json_object_choice_regex(client, server):
     _wait_idle(server)
 
 
+def test_json_schema_keeps_the_property_order(client):
+    "A `json_schema` answer lists the properties in the schema's order (not alphabetically), through the SDK's `.parse()`."
+    _needs_xgrammar()
+    from typing import Literal
+    from pydantic import BaseModel
+
+    class Verdict(BaseModel):                                   # deliberately not alphabetical
+        reasoning: Literal["short", "long"]
+        answer: Literal["yes", "no"]
+        confidence: bool
+        alpha: Literal[1, 2, 3]
+
+    r = client.chat.completions.parse(model=MODEL, messages=MSGS, response_format=Verdict, max_tokens=80, temperature=0)
+    text = r.choices[0].message.content
+    assert isinstance(r.choices[0].message.parsed, Verdict), text
+    assert list(json.loads(text)) == ["reasoning", "answer", "confidence", "alpha"], text
+
+
 # ---------------------------------------------------------------------------------------------------- reasoning
 @pytest.fixture(scope="module")
 def thinking_server(model_dir):
