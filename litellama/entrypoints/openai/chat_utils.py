@@ -19,7 +19,8 @@ __all__ = [
     "chat_logprobs",
 ]
 
-# %% ../../../nbs/15d_openai_chat_utils.ipynb #659c9ee8
+# %% ../../../nbs/15d_openai_chat_utils.ipynb #1d88d91a
+import inspect
 import json
 import math
 from typing import Any
@@ -95,7 +96,7 @@ def chat_prompt(
     template_kwargs: dict | None = None,
 ) -> str:
     "The prompt text for a list of chat messages, offering `tools` (pydantic `Tool`s) if given."
-    kw = _template_kwargs(template_kwargs)
+    kw = _template_kwargs(template_kwargs, tokenizer)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise APIError("this model has no chat template; use /v1/completions", param="messages")
     msgs, tool_kw = with_tools(tokenizer, [_message(m) for m in messages], tools)
@@ -107,13 +108,14 @@ def chat_prompt(
         raise APIError(f"could not apply the chat template: {e}", param="messages") from None
 
 
-# %% ../../../nbs/15d_openai_chat_utils.ipynb #f9f92da7
-_TEMPLATE_OWN = ("messages", "conversation", "tools", "add_generation_prompt", "tokenize")
-
-
-def _template_kwargs(kw: dict | None) -> dict:
-    "A request's `chat_template_kwargs`, refused if they name what the server sets itself."
-    taken = sorted(set(kw or {}) & set(_TEMPLATE_OWN))
+# %% ../../../nbs/15d_openai_chat_utils.ipynb #05a187c0
+def _template_kwargs(kw: dict | None, tokenizer: Any = None) -> dict:
+    "A request's `chat_template_kwargs`, refused if they name an argument of `apply_chat_template` itself."
+    own = {"messages", "conversation", "tools", "add_generation_prompt", "tokenize"}
+    if tokenizer is not None:
+        params = inspect.signature(tokenizer.apply_chat_template).parameters.values()
+        own |= {p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    taken = sorted(set(kw or {}) & own)
     if taken:
         raise APIError(f"chat_template_kwargs may not set {', '.join(taken)}", param="chat_template_kwargs")
     return dict(kw or {})
@@ -205,7 +207,7 @@ def chat_prompt_ids(
     except ValueError as e:
         raise APIError(str(e), param="messages") from None
     msgs, kw = with_tools(engine.tokenizer, msgs, tools)
-    kw = {**_template_kwargs(template_kwargs), **kw}
+    kw = {**_template_kwargs(template_kwargs, engine.tokenizer), **kw}
     try:
         text = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
     except Exception as e:
