@@ -11,13 +11,13 @@ def free_port():
 
 
 def start_server(model_dir, model_name, log, port=None, num_kv_blocks=256, extra_args="", **serve_kw):
-    """Start `litellama.entrypoints.server.serve` on `model_dir` (None: the bundled model) in a subprocess; return `(proc, url)`
+    """Start `litellama.entrypoints.openai.api_server.serve` on `model_dir` (None: the bundled model) in a subprocess; return `(proc, url)`
     once /health answers. `serve_kw` go in as literals, `extra_args` as source (e.g. `limits=ServerLimits(...)`)."""
     import httpx
     port = port or free_port()
     model_dir = None if model_dir is None else str(model_dir)
     kw = "".join(f", {k}={v!r}" for k, v in serve_kw.items()) + (f", {extra_args}" if extra_args else "")
-    code = ("import sys; from litellama.entrypoints.server import serve, ServerLimits; "
+    code = ("import sys; from litellama.entrypoints.openai.api_server import serve; from litellama.entrypoints.openai.protocol import ServerLimits; "
             f"sys.exit(serve({model_dir!r}, host='127.0.0.1', port={port}, api_key={KEY!r}, "
             f"served_model_name={model_name!r}{kw}, dtype='float32', device='cpu', num_kv_blocks={num_kv_blocks}))")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)

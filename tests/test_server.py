@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (`litellama.entrypoints.server`), end to end: a real uvicorn server in a subprocess over a tiny
+"""The OpenAI-compatible server (`litellama.entrypoints.openai`), end to end: a real uvicorn server in a subprocess over a tiny
 random checkpoint, driven by the official `openai` client and by httpx."""
 import asyncio, importlib.util, json, math, os, signal, subprocess, sys, tempfile, threading, time
 import pytest
@@ -276,14 +276,17 @@ BAD = [
     ("top_logprobs too many", CH, {**OKC, "logprobs": True, "top_logprobs": 30}, AUTH, 400, "top_logprobs", None),
     ("stream_options without stream", C, {**OK, "stream_options": {"include_usage": True}}, AUTH, 400, "stream_options", None),
     ("stream_options without stream chat", CH, {**OKC, "stream_options": {"include_usage": True}}, AUTH, 400, "stream_options", None),
-    ("stop_token_ids out of vocabulary", C, {**OK, "stop_token_ids": [10**6]}, AUTH, 400, "stop_token_ids", None),
+    ("stop_token_ids out of vocabulary", C, {**OK, "stop_token_ids": [10**6]}, AUTH, 400, "stop_token_ids", str(10**6)),
+    ("stop_token_ids out of vocabulary chat", CH, {**OKC, "stop_token_ids": [5, 10**6 + 1]}, AUTH, 400, "stop_token_ids", str(10**6 + 1)),
     ("stop_token_ids negative", C, {**OK, "stop_token_ids": [-1]}, AUTH, 400, "stop_token_ids", None),
     ("top_k beyond int64", C, {**OK, "top_k": 2**63}, AUTH, 400, "top_k", None),
     ("n beyond the bound", C, {**OK, "n": MAX_N + 1}, AUTH, 400, "n", str(MAX_N)),
     ("best_of other than n", C, {**OK, "n": 1, "best_of": 2}, AUTH, 400, "best_of", None),
     ("logit_bias out of range", C, {**OK, "logit_bias": {"5": 500}}, AUTH, 400, "logit_bias", None),
     ("logit_bias bad token", C, {**OK, "logit_bias": {"abc": 1}}, AUTH, 400, "logit_bias", None),
-    ("logit_bias out of vocabulary", C, {**OK, "logit_bias": {str(10**6): 1}}, AUTH, 400, "logit_bias", None),
+    ("logit_bias out of vocabulary", C, {**OK, "logit_bias": {str(10**6): 1}}, AUTH, 400, "logit_bias", str(10**6)),
+    ("logit_bias out of vocabulary chat", CH, {**OKC, "logit_bias": {"3": 1, str(10**6 + 2): 1}}, AUTH, 400, "logit_bias", str(10**6 + 2)),
+    ("chat_template_kwargs taken", CH, {**OKC, "chat_template_kwargs": {"tools": []}}, AUTH, 400, "chat_template_kwargs", "tools"),
     ("temperature not finite", C, b'{"model": "tiny", "prompt": "hi", "temperature": NaN}', AUTH, 400, "temperature", None),
     ("json sent as text/plain", C, ("text/plain", OK), AUTH, 415, None, "Content-Type"),
     ("unknown model", C, {**OK, "model": "gpt-9"}, AUTH, 404, "model", "gpt-9"),
@@ -320,7 +323,7 @@ def test_still_serving_after_bad_inputs(client, server):
 
 # ---------------------------------------------------------------------------------------------------- benchmark
 def test_bench_serving_smoke(server):
-    from litellama.entrypoints.server import bench_serving
+    from litellama.benchmarks.load_client import bench_serving
     res = bench_serving(server, MODEL, rates=[8.0, float("inf")], num_requests=6, prompt_len=12, max_tokens=6, seed=0, api_key=KEY)
     assert len(res["results"]) == 2
     for r in res["results"]:
@@ -824,3 +827,50 @@ def test_response_format_json_object_choice_regex(client, server):
         e = httpx.post(server + C, json={**OK, **body}, headers=AUTH, timeout=60)
         assert e.status_code == 400 and e.json()["error"]["param"] == "response_format", e.text
     _wait_idle(server)
+
+
+def test_json_schema_keeps_the_property_order(client):
+    "A `json_schema` answer lists the properties in the schema's order (not alphabetically), through the SDK's `.parse()`."
+    _needs_xgrammar()
+    from typing import Literal
+    from pydantic import BaseModel
+
+    class Verdict(BaseModel):                                   # deliberately not alphabetical
+        reasoning: Literal["short", "long"]
+        answer: Literal["yes", "no"]
+        confidence: bool
+        alpha: Literal[1, 2, 3]
+
+    r = client.chat.completions.parse(model=MODEL, messages=MSGS, response_format=Verdict, max_tokens=80, temperature=0)
+    text = r.choices[0].message.content
+    assert isinstance(r.choices[0].message.parsed, Verdict), text
+    assert list(json.loads(text)) == ["reasoning", "answer", "confidence", "alpha"], text
+
+
+# ---------------------------------------------------------------------------------------------------- reasoning
+@pytest.fixture(scope="module")
+def thinking_server(model_dir):
+    log = open(os.path.join(model_dir, "thinking.log"), "w")
+    proc, url = start_server(model_dir, MODEL, log, reasoning_parser="qwen3")
+    yield url
+    stop_server(proc)
+    log.close()
+
+
+def test_reasoning_content_openai_client(thinking_server):
+    """With `--reasoning-parser qwen3` the `<think>` block comes back as `reasoning_content`, plain and streamed, and
+    `content` holds the answer only (the tiny model's reply is scripted by a grammar); `enable_thinking` reaches the template."""
+    _needs_xgrammar()
+    c = openai.OpenAI(base_url=thinking_server + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    script = {"guided_regex": "<think>\n(Four|It is 4)\n</think>\n\n(yes|no)"}
+    kw = dict(model=MODEL, messages=MSGS, max_tokens=40, temperature=0, extra_body=script)
+    m = c.chat.completions.create(**kw).choices[0].message
+    assert m.model_extra["reasoning_content"] in ("Four\n", "It is 4\n") and m.content in ("yes", "no"), m
+    thought, answer = "", ""
+    for ch in c.chat.completions.create(stream=True, **kw):
+        d = ch.choices[0].delta if ch.choices else None
+        thought += (d.model_extra or {}).get("reasoning_content") or "" if d else ""
+        answer += d.content or "" if d else ""
+    assert (thought, answer) == (m.model_extra["reasoning_content"], m.content)
+    plain = c.chat.completions.create(**{**kw, "extra_body": {"guided_regex": "(yes|no)", "chat_template_kwargs": {"enable_thinking": False}}})
+    assert plain.choices[0].message.model_extra["reasoning_content"] is None and plain.choices[0].message.content in ("yes", "no")

@@ -206,7 +206,7 @@ def _():
         port = s.getsockname()[1]
     dev, dt = ("cpu", "float32") if DRY else ("cuda", "bfloat16")
     code = (
-        f"import sys; from litellama.entrypoints.server import serve; sys.exit(serve({str(path)!r}, port={port}, served_model_name={LIKE!r}, "
+        f"import sys; from litellama.entrypoints.openai.api_server import serve; sys.exit(serve({str(path)!r}, port={port}, served_model_name={LIKE!r}, "
         f"device={dev!r}, dtype={dt!r}, max_num_seqs=128{', num_kv_blocks=256' if DRY else ''}))"
     )
     OUT.mkdir(parents=True, exist_ok=True)
@@ -245,7 +245,7 @@ def health_poller(samples, stop):
 
 
 def one_run(mode, rate):
-    from litellama.entrypoints.server import bench_serving
+    from litellama.benchmarks.load_client import bench_serving
 
     samples, stop = [], threading.Event()
     th = threading.Thread(target=health_poller, args=(samples, stop), daemon=True)
@@ -279,7 +279,7 @@ def _():
     if URL is None:
         raise RuntimeError("no server")
     import httpx
-    from litellama.entrypoints.server import BENCH_SCHEMA
+    from litellama.benchmarks.load_client import BENCH_SCHEMA
 
     rf = {"type": "json_schema", "json_schema": {"name": "bench", "schema": BENCH_SCHEMA, "strict": True}}
     body = {"model": LIKE, "prompt": "Write a review:", "max_tokens": MAX_TOKENS, "temperature": 0}
@@ -291,7 +291,7 @@ def _():
     RES["checks"]["warmup_structured"] = {"finish_reason": ch["finish_reason"], "text": ch["text"][:300]}
     if ch["finish_reason"] == "stop":
         RES["checks"]["warmup_structured"]["valid"] = validate(json.loads(ch["text"]), BENCH_SCHEMA)
-    from litellama.entrypoints.server import bench_serving
+    from litellama.benchmarks.load_client import bench_serving
 
     bench_serving(
         URL,
@@ -331,7 +331,7 @@ def _():
 
 @part("summary")
 def _():
-    from litellama.entrypoints.server import BENCH_SCHEMA
+    from litellama.benchmarks.load_client import BENCH_SCHEMA
 
     summ = {}
     for rate in RATES:
@@ -369,7 +369,7 @@ def _():
     if URL is None:
         raise RuntimeError("no server")
     import httpx
-    from litellama.entrypoints.server import BENCH_SCHEMA
+    from litellama.benchmarks.load_client import BENCH_SCHEMA
 
     short = {
         "type": "object",

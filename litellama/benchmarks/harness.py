@@ -588,7 +588,7 @@ def serving_suite(
     port=8731,
 ):
     "Start `litellama serve` on a random checkpoint of shape `like`, load it at each rate, save `serving.json`."
-    from litellama.entrypoints.server import bench_serving
+    from litellama.benchmarks.load_client import bench_serving
 
     proc = _serve(_random_model(like, workdir), port)
     try:

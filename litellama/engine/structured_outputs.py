@@ -54,7 +54,7 @@ class StructuredOutputsParams:
 
 # %% ../../nbs/18_structured_outputs.ipynb #169f07fa
 def _dumps(obj) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return json.dumps(obj, separators=(",", ":"))
 
 
 # %% ../../nbs/18_structured_outputs.ipynb #c2a96bbc

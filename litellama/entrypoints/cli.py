@@ -238,7 +238,7 @@ def cmd_demo(a):
 
 # %% ../../nbs/16_cli.ipynb #46307e6b
 def cmd_serve(a):
-    from litellama.entrypoints.server import serve
+    from litellama.entrypoints.openai.api_server import serve
 
     serve(
         a.model,
@@ -247,6 +247,7 @@ def cmd_serve(a):
         api_key=a.api_key,
         served_model_name=a.served_model_name,
         allowed_local_media_path=a.allowed_local_media_path,
+        reasoning_parser=a.reasoning_parser,
         **_engine_options(a),
     )
 
@@ -438,6 +439,11 @@ def _add_serve(sub):
     s.set_defaults(fn=cmd_serve)
     s.add_argument(
         "--allowed-local-media-path", default=None, help="image_url parts may name local files under this directory"
+    )
+    s.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="split chat replies into reasoning_content and content: qwen3 or deepseek_r1",
     )
 
 
