@@ -8,7 +8,7 @@ Docs: https://litellama.github.io/litellama/nbs/spec_decode_step.html.md"""
 __all__ = ["release_tail_blocks", "SpecStats", "SpecDecoder"]
 
 # %% ../../nbs/33_spec_decode_step.ipynb #0721822d
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,11 +37,12 @@ def release_tail_blocks(bm: BlockManager, seq: Sequence) -> None:
 # %% ../../nbs/33_spec_decode_step.ipynb #62afcfcd
 @dataclass
 class SpecStats:
-    "Counters of speculation: steps with drafts, draft tokens proposed, draft tokens accepted."
+    "Counters of speculation: steps with drafts, draft tokens proposed and accepted, acceptances per draft position."
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    accepted_per_position: list = field(default_factory=list)
 
 
 def _fit(plan: SchedulerOutput, seqs: dict, drafts: dict) -> None:
@@ -130,6 +131,10 @@ class SpecDecoder:
                 self.stats.num_drafts += 1
                 self.stats.num_draft_tokens += d
                 self.stats.num_accepted_tokens += d - rejected
+                at = self.stats.accepted_per_position
+                at.extend([0] * (d - rejected - len(at)))
+                for j in range(d - rejected):
+                    at[j] += 1
         plan.scheduled = fixed
         sched.update(plan)  # only now: full blocks are hashed from the kept tokens
         for seq, _ in fixed:
