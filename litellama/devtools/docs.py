@@ -33,6 +33,7 @@ SECTIONS = [
     ("Quantization", ["nbs/20*", "nbs/21*", "nbs/22*", "nbs/23*"]),
     ("Parallelism", ["nbs/24*", "nbs/25*", "nbs/26*", "nbs/27*"]),
     ("Vision", ["nbs/28*", "nbs/29*", "nbs/30*"]),
+    ("Speculative decoding", ["nbs/31*", "nbs/32*", "nbs/33*"]),
     ("Benchmarks", ["benchmarks_nb/*"]),
 ]
 
