@@ -16,6 +16,7 @@ from torch import nn
 from ..kernels.registry import ops
 from ..utils import patch
 from .base import Linear, RMSNorm, RotaryEmbedding, head_dim
+from .cpu_attention import decode_attention
 
 
 # %% ../../nbs/03_attention.ipynb #f778c388
@@ -76,7 +77,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
             max_seqlen_q=attn.max_seqlen_q,
         )
     if P == 0:
-        return ops.decode_attention(
+        return decode_attention(
             q, self.k_cache, self.v_cache, attn.seq_lens, attn.block_tables, self.scale, splits=attn.decode_splits
         )
     out = torch.empty_like(q)
@@ -90,7 +91,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
         self.scale,
         max_seqlen_q=attn.max_seqlen_q,
     )
-    out[P:] = ops.decode_attention(
+    out[P:] = decode_attention(
         q[P:],
         self.k_cache,
         self.v_cache,
