@@ -8,7 +8,7 @@ Docs: https://litellama.github.io/litellama/nbs/attention.html.md"""
 __all__ = ["AttentionMetadata", "ModelInput", "PagedAttention", "SelfAttention"]
 
 # %% ../../nbs/03_attention.ipynb #9733d546
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -16,7 +16,7 @@ from torch import nn
 from ..kernels.registry import ops
 from ..utils import patch
 from .base import Linear, RMSNorm, RotaryEmbedding, head_dim
-from .cpu_attention import decode_attention
+from .cpu_attention import decode_attention, rope_and_store_kv
 
 
 # %% ../../nbs/03_attention.ipynb #f778c388
@@ -32,6 +32,7 @@ class AttentionMetadata:
     num_prefill_tokens: int = 0
     max_seqlen_q: int = 0  # longest prefill chunk
     decode_splits: tuple | None = None  # the decodes' attention plan: ([pieces, 3], [decodes + 1]) int64, see below
+    per_step: dict = field(default_factory=dict, repr=False, compare=False)  # tables all layers share (CPU path)
 
 
 # %% ../../nbs/03_attention.ipynb #f610e128
@@ -78,7 +79,14 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
         )
     if P == 0:
         return decode_attention(
-            q, self.k_cache, self.v_cache, attn.seq_lens, attn.block_tables, self.scale, splits=attn.decode_splits
+            q,
+            self.k_cache,
+            self.v_cache,
+            attn.seq_lens,
+            attn.block_tables,
+            self.scale,
+            splits=attn.decode_splits,
+            memo=attn.per_step,
         )
     out = torch.empty_like(q)
     out[:P] = ops.prefill_attention(
@@ -149,7 +157,16 @@ def forward(self: SelfAttention, positions, x, attn: AttentionMetadata):
         v.view(T, self.num_kv_heads, self.head_dim),
     )
     norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else ()
-    q = ops.rope_and_store_kv(
-        positions, q, k, v, self.rotary.cos_sin_cache, self.attn.k_cache, self.attn.v_cache, attn.slot_mapping, *norms
+    q = rope_and_store_kv(
+        positions,
+        q,
+        k,
+        v,
+        self.rotary.cos_sin_cache,
+        self.attn.k_cache,
+        self.attn.v_cache,
+        attn.slot_mapping,
+        attn.per_step,
+        *norms,
     )
     return self.o_proj(self.attn.attend(q, attn).reshape(T, -1))
