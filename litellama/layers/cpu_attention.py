@@ -54,14 +54,14 @@ def per_step(memo: dict | None, name: str, sources: tuple, make):
     return held[1]
 
 
-# %% ../../nbs/03a_cpu_attention.ipynb #9a103cae
+# %% ../../nbs/03a_cpu_attention.ipynb #c6d70f87
 def _decode_tables(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int, dtype: torch.dtype) -> tuple:
-    "The block columns the longest sequence fills, and the additive length mask `[B, 1, 1, L]` (0 or -inf)."
+    "The blocks to read, row by row (those the longest sequence fills), and the additive length mask `[B, 1, 1, L]`."
     nb = -(-int(seq_lens.max()) // block_size)
     L = nb * block_size
     valid = torch.arange(L, device=seq_lens.device) < seq_lens.view(-1, 1)
     mask = torch.zeros(valid.shape, dtype=dtype, device=seq_lens.device).masked_fill_(~valid, float("-inf"))
-    return block_tables[:, :nb], mask[:, None, None]
+    return block_tables[:, :nb].reshape(-1), mask[:, None, None]
 
 
 def cpu_decode_attention(
@@ -80,10 +80,10 @@ def cpu_decode_attention(
         return torch.empty_like(q)
     block_size, Hk = k_cache.shape[1], k_cache.shape[2]
     make = lambda: _decode_tables(seq_lens, block_tables, block_size, q.dtype)
-    tables, mask = per_step(memo, "decode", (seq_lens, block_tables), make)
+    blocks, mask = per_step(memo, "decode", (seq_lens, block_tables), make)
     L = mask.shape[-1]
-    k = k_cache[tables].reshape(B, L, Hk, D).transpose(1, 2)  # [B, Hk, L, D]: a view of the gather, token-major
-    v = v_cache[tables].reshape(B, L, Hk, D).transpose(1, 2)
+    k = k_cache.index_select(0, blocks).reshape(B, L, Hk, D).transpose(1, 2)  # [B, Hk, L, D]: a view, token-major
+    v = v_cache.index_select(0, blocks).reshape(B, L, Hk, D).transpose(1, 2)
     out = F.scaled_dot_product_attention(q.reshape(B, Hk, Hq // Hk, D), k, v, attn_mask=mask, scale=scale)
     return out.reshape(B, Hq, D)
 
