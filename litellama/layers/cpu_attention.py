@@ -15,7 +15,10 @@ __all__ = [
     "rope_and_store_kv",
 ]
 
-# %% ../../nbs/03a_cpu_attention.ipynb #ff10b675
+# %% ../../nbs/03a_cpu_attention.ipynb #242be953
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -43,8 +46,8 @@ def cpu_attention_applies(device_type: str, head_dim: int, kv_dtype: torch.dtype
     return all(ops.resolve(op, device_type, head_dim) is getattr(reference, op) for op in _ATTENTION_OPS)
 
 
-# %% ../../nbs/03a_cpu_attention.ipynb #6370ce30
-def per_step(memo: dict | None, name: str, sources: tuple, make):
+# %% ../../nbs/03a_cpu_attention.ipynb #cdf9783d
+def per_step(memo: dict | None, name: str, sources: tuple, make: Callable[[], Any]) -> Any:
     "`make()`, kept in `memo[name]` (a step's `per_step`) while the same `sources` tensors come back."
     if memo is None:
         return make()
