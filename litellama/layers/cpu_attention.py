@@ -15,12 +15,13 @@ __all__ = [
     "rope_and_store_kv",
 ]
 
-# %% ../../nbs/03a_cpu_attention.ipynb #242be953
+# %% ../../nbs/03a_cpu_attention.ipynb #cbb6ee98
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..kernels import reference
 from ..kernels.registry import ops
@@ -91,11 +92,11 @@ def cpu_decode_attention(
     return out.reshape(B, Hq, D)
 
 
-# %% ../../nbs/03a_cpu_attention.ipynb #ff92279f
+# %% ../../nbs/03a_cpu_attention.ipynb #d513980e
 def decode_attention(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
@@ -103,6 +104,7 @@ def decode_attention(
     memo: dict | None = None,
 ) -> torch.Tensor:
     "The decode attention of a paged cache: `cpu_decode_attention` where it applies, else the registry's op."
+    assert k_cache is not None and v_cache is not None, "no KV cache bound to this layer (the model runner binds it)"
     if k_cache.dtype == q.dtype and cpu_attention_applies(q.device.type, q.shape[-1], k_cache.dtype):
         return cpu_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, memo)
     return ops.decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, splits=splits)
@@ -152,15 +154,15 @@ def cpu_rope_and_store_kv(
     return q
 
 
-# %% ../../nbs/03a_cpu_attention.ipynb #ee555d99
+# %% ../../nbs/03a_cpu_attention.ipynb #b3ef5e11
 def rope_and_store_kv(
     positions: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    cos_sin_cache: torch.Tensor | nn.Module,
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
     slot_mapping: torch.Tensor,
     memo: dict | None = None,
     q_weight: torch.Tensor | None = None,
@@ -168,6 +170,8 @@ def rope_and_store_kv(
     eps: float = 1e-6,
 ) -> torch.Tensor:
     "Norms, rotation and cache store of one layer: `cpu_rope_and_store_kv` where it applies, else the registry's op."
+    assert k_cache is not None and v_cache is not None, "no KV cache bound to this layer (the model runner binds it)"
+    assert isinstance(cos_sin_cache, torch.Tensor), "the rotary table is a tensor (a module's buffer)"
     if positions.dim() == 1 and cpu_attention_applies(q.device.type, q.shape[-1], k_cache.dtype):
         if q_weight is not None and k_weight is not None:
             q, k = reference.rms_norm(q, q_weight, eps), reference.rms_norm(k, k_weight, eps)
