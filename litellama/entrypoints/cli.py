@@ -221,9 +221,14 @@ def cmd_batch(a):
 # %% ../../nbs/16_cli.ipynb #447dd616
 def cmd_demo(a):
     "The bundled model answers a handful of questions in one batch, with a progress bar and the throughput."
+    from litellama.entrypoints.llm import LLM
+    from litellama.executor.cpu import demo_dtype
     from litellama.sampling_params import SamplingParams
 
-    llm = _llm(a)
+    opts = _engine_options(a)
+    if opts.get("dtype", "auto") == "auto":  # bfloat16 on a CPU that multiplies it natively (nbs/11b_cpu)
+        opts["dtype"] = demo_dtype(opts.get("device", "auto"))
+    llm = LLM(a.model, **opts)
     outs = llm.chat(
         [[{"role": "user", "content": p}] for p in DEMO_PROMPTS], SamplingParams(temperature=0, max_tokens=a.max_tokens)
     )

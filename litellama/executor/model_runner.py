@@ -18,6 +18,7 @@ import torch
 from ..config import CacheConfig
 from ..kernels.decode_attention import SplitPlanner
 from ..layers.attention import AttentionMetadata, ModelInput
+from ..layers.cpu_attention import cpu_attention_applies, token_major_kv
 from ..layers.linear import head_dim
 from ..multimodal.processing import image_embeds, mrope_step_positions
 from ..utils import patch
@@ -119,17 +120,12 @@ class ModelRunner:
 # %% ../../nbs/11_model_runner.ipynb #288af5fa
 @patch
 def _new_cache(self: ModelRunner, num_blocks: int):
-    "A zeroed cache of `num_blocks` blocks for this model's layers and kv heads."
+    "A zeroed cache of `num_blocks` blocks for this model's layers and kv heads (token-major for the CPU path)."
     c = self.config
-    return paged_kv_cache(
-        c.num_hidden_layers,
-        num_blocks,
-        self.block_size,
-        c.num_key_value_heads,
-        self.head_dim,
-        self.kv_cache_dtype,
-        self.device,
-    )
+    args = (c.num_hidden_layers, num_blocks, self.block_size, c.num_key_value_heads, self.head_dim)
+    if cpu_attention_applies(self.device.type, self.head_dim, self.kv_cache_dtype):  # see nbs/03a_cpu_attention
+        return PagedKVCache(*token_major_kv(*args, self.kv_cache_dtype, self.device))
+    return paged_kv_cache(*args, self.kv_cache_dtype, self.device)
 
 
 # %% ../../nbs/11_model_runner.ipynb #6d7c6137

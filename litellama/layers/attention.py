@@ -8,7 +8,7 @@ Docs: https://litellama.github.io/litellama/nbs/attention.html.md"""
 __all__ = ["AttentionMetadata", "ModelInput", "AttentionBackend", "PagedAttention", "SelfAttention"]
 
 # %% ../../nbs/03_attention.ipynb #9733d546
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 
 from ..kernels.registry import ops
 from ..utils import patch
+from .cpu_attention import decode_attention, rope_and_store_kv
 from .linear import Linear, head_dim
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
@@ -34,6 +35,7 @@ class AttentionMetadata:
     num_prefill_tokens: int = 0
     max_seqlen_q: int = 0  # longest prefill chunk
     decode_splits: tuple | None = None  # the decodes' attention plan: ([pieces, 3], [decodes + 1]) int64, see below
+    per_step: dict = field(default_factory=dict, repr=False, compare=False)  # tables all layers share (CPU path)
 
 
 # %% ../../nbs/03_attention.ipynb #f610e128
@@ -127,8 +129,15 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
             max_seqlen_q=attn.max_seqlen_q,
         )
     if P == 0:
-        return ops.decode_attention(
-            q, self.k_cache, self.v_cache, attn.seq_lens, attn.block_tables, self.scale, splits=attn.decode_splits
+        return decode_attention(
+            q,
+            self.k_cache,
+            self.v_cache,
+            attn.seq_lens,
+            attn.block_tables,
+            self.scale,
+            splits=attn.decode_splits,
+            memo=attn.per_step,
         )
     out = torch.empty_like(q)
     out[:P] = ops.prefill_attention(
@@ -141,7 +150,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
         self.scale,
         max_seqlen_q=attn.max_seqlen_q,
     )
-    out[P:] = ops.decode_attention(
+    out[P:] = decode_attention(
         q[P:],
         self.k_cache,
         self.v_cache,
@@ -199,7 +208,16 @@ def forward(self: SelfAttention, positions, x, attn: AttentionMetadata):
         v.view(T, self.num_kv_heads, self.head_dim),
     )
     norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else ()
-    q = ops.rope_and_store_kv(
-        positions, q, k, v, self.rotary.cos_sin_cache, self.attn.k_cache, self.attn.v_cache, attn.slot_mapping, *norms
+    q = rope_and_store_kv(
+        positions,
+        q,
+        k,
+        v,
+        self.rotary.cos_sin_cache,
+        self.attn.k_cache,
+        self.attn.v_cache,
+        attn.slot_mapping,
+        attn.per_step,
+        *norms,
     )
     return self.o_proj(self.attn.attend(q, attn).reshape(T, -1))
