@@ -11,6 +11,7 @@ __all__ = [
     "rotary_embedding",
     "linear",
     "silu_and_mul",
+    "gelu_tanh_and_mul",
     "store_kv_cache",
     "fp8_max",
     "to_cache_dtype",
@@ -71,6 +72,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     "`silu(gate) * up` where `x` `[T, 2I]` holds `[gate | up]`; returns `[T, I]`."
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+# %% ../../kernels_nb/00_reference.ipynb #0855e9a0
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    "`gelu_tanh(gate) * up` where `x` `[T, 2I]` holds `[gate | up]` (Gemma's MLP): GELU's tanh approximation."
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 # %% ../../kernels_nb/00_reference.ipynb #e55c4bc2

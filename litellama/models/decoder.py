@@ -6,9 +6,12 @@ Docs: https://litellama.github.io/litellama/nbs/models.html.md"""
 
 # %% auto #0
 __all__ = [
+    "LAYER_TYPES",
     "MODEL_REGISTRY",
     "MODEL_TYPES",
     "LAZY_MODELS",
+    "REFUSED",
+    "layer_window",
     "DecoderLayer",
     "DecoderModel",
     "CausalLM",
@@ -16,6 +19,7 @@ __all__ = [
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "MistralForCausalLM",
     "model_class",
 ]
 
@@ -28,6 +32,22 @@ from torch import nn
 from ..layers.attention import ModelInput, SelfAttention
 from ..layers.base import Embedding, GatedMLP, LMHead, RMSNorm, RotaryEmbedding, head_dim
 from ..utils import patch
+
+# %% ../../nbs/04_models.ipynb #a1c0de02
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def layer_window(config, layer_idx: int) -> int | None:
+    "The sliding window of layer `layer_idx` (keys per query, transformers' convention), or None for full attention."
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types:
+        if types[layer_idx] not in LAYER_TYPES:
+            raise ValueError(f"layer {layer_idx}: attention type '{types[layer_idx]}' is not supported")
+        return window if types[layer_idx] == "sliding_attention" else None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return window
 
 
 # %% ../../nbs/04_models.ipynb #10c8a0ed
@@ -45,12 +65,26 @@ class DecoderLayer(nn.Module):
         device=None,
         quant=None,
         prefix="",
+        window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
     ):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.self_attn = SelfAttention(
-            config, rotary, biases["qkv"], biases["o"], qk_norm, dtype, device, quant, f"{prefix}.self_attn"
+            config,
+            rotary,
+            biases["qkv"],
+            biases["o"],
+            qk_norm,
+            dtype,
+            device,
+            quant,
+            f"{prefix}.self_attn",
+            window,
+            softcap,
+            scale,
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = mlp
@@ -72,12 +106,16 @@ def forward(self: DecoderLayer, positions, x, residual, attn):
 class DecoderModel(nn.Module):
     "Embedding, the decoder layers, final norm (HF's `model.` prefix); `make_mlp(layer_idx, prefix)` builds each MLP."
 
-    def __init__(self, config, biases, qk_norm, make_mlp, dtype=None, device=None, quant=None):
+    def __init__(
+        self, config, biases, qk_norm, make_mlp, dtype=None, device=None, quant=None, layer_cls=None, attn_args=None
+    ):
         super().__init__()
         self.rotary = RotaryEmbedding(config, head_dim(config), config.max_position_embeddings, device)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
+        layer_cls, attn_args = layer_cls or DecoderLayer, attn_args or {}
+        self.embed_scale = None  # a factor on the token embeddings (Gemma: the square root of the hidden size)
         self.layers = nn.ModuleList(
-            DecoderLayer(
+            layer_cls(
                 config,
                 self.rotary,
                 biases,
@@ -87,6 +125,8 @@ class DecoderModel(nn.Module):
                 device,
                 quant,
                 f"model.layers.{i}",
+                layer_window(config, i),
+                **attn_args,
             )
             for i in range(config.num_hidden_layers)
         )
@@ -96,7 +136,11 @@ class DecoderModel(nn.Module):
 # %% ../../nbs/04_models.ipynb #79369a4d
 @patch
 def forward(self: DecoderModel, mi: ModelInput):  # noqa: F811 (patched onto the class)
-    x = mi.inputs_embeds if mi.inputs_embeds is not None else self.embed_tokens(mi.input_ids)
+    if mi.inputs_embeds is not None:
+        x = mi.inputs_embeds
+    else:
+        x = self.embed_tokens(mi.input_ids)
+        x = x if self.embed_scale is None else x * self.embed_scale
     residual = None
     for layer in self.layers:
         x, residual = layer(mi.positions, x, residual, mi.attn)
@@ -117,13 +161,24 @@ class CausalLM(nn.Module):
         "up_proj": ("gate_up_proj", "up"),
     }
     ignored_suffixes = ("rotary_emb.inv_freq",)
+    layer_cls = DecoderLayer  # a family with another block structure declares its own layer
 
     def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
         super().__init__()
         self.check_config(config)
         self.config, self.quant = config, quant
         make_mlp = lambda i, prefix: self.make_mlp(config, i, dtype, device, quant, prefix)
-        self.model = DecoderModel(config, self.biases(config), self.qk_norm, make_mlp, dtype, device, quant)
+        self.model = DecoderModel(
+            config,
+            self.biases(config),
+            self.qk_norm,
+            make_mlp,
+            dtype,
+            device,
+            quant,
+            self.layer_cls,
+            self.attention_args(config),
+        )
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = LMHead(
             config.hidden_size,
@@ -147,8 +202,20 @@ def biases(cls: CausalLM, config) -> dict:
 @patch(cls_method=True)
 def check_config(cls: CausalLM, config):
     "Refuse configurations this implementation would run wrongly."
-    if getattr(config, "use_sliding_window", False):
-        raise ValueError(f"{cls.__name__}: sliding-window attention is not supported")
+    for i in range(config.num_hidden_layers):
+        layer_window(config, i)  # an attention type it does not know
+
+
+@patch(cls_method=True)
+def attention_args(cls: CausalLM, config) -> dict:
+    "What every layer's attention takes beyond the window: a score `softcap` or a `scale` (Gemma), by default none."
+    return {}
+
+
+@patch
+def checkpoint_tensors(self: CausalLM, weights: Iterable) -> Iterable:
+    "The checkpoint's `(name, tensor)` pairs as this model loads them (a family with fused tensors cuts them here)."
+    return weights
 
 
 # %% ../../nbs/04_models.ipynb #95f60319
@@ -196,7 +263,7 @@ def load_weights(model: CausalLM, weights: Iterable) -> None:
     """Load `(name, tensor)` pairs into `model`, then let each layer finish (repack, quantize); raise on unexpected,
     missing or misshapen tensors."""
     loaded = set()
-    for name, tensor in weights:
+    for name, tensor in model.checkpoint_tensors(weights):
         if name.endswith(model.ignored_suffixes) or (model.tied and name == "lm_head.weight"):
             continue
         try:
@@ -252,9 +319,21 @@ class Qwen3ForCausalLM(CausalLM):
     qk_norm = True
 
 
+# %% ../../nbs/04_models.ipynb #a1c0de04
+class MistralForCausalLM(CausalLM):
+    "Mistral: the plain decoder, every layer over a sliding window of `sliding_window` keys (when set)."
+
+
 # %% ../../nbs/04_models.ipynb #25dd7ffe
-MODEL_REGISTRY = {c.__name__: c for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)}
-MODEL_TYPES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {
+    c.__name__: c for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)
+}
+MODEL_TYPES: dict[str, type[CausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "mistral": MistralForCausalLM,
+}
 
 # %% ../../nbs/04_models.ipynb #f3e1a20e
 # families in modules of their own (which import this one), imported when a config first names them
@@ -265,6 +344,16 @@ LAZY_MODELS = {
 
 # %% ../../nbs/04_models.ipynb #116cb399
 LAZY_MODELS["Qwen3VLForConditionalGeneration"] = ("qwen3_vl", "litellama.models.qwen3_vl")  # nbs/30_qwen3_vl
+for _arch, _type in (
+    ("Gemma2ForCausalLM", "gemma2"),
+    ("Gemma3ForCausalLM", "gemma3_text"),
+    ("Phi3ForCausalLM", "phi3"),
+):
+    LAZY_MODELS[_arch] = (_type, "litellama.models.gemma_phi3")  # nbs/04c_gemma_phi3
+REFUSED = {  # architectures recognised but not served, and why
+    "Gemma3ForConditionalGeneration": "Gemma 3's vision tower is not implemented; text-only checkpoints "
+    "(Gemma3ForCausalLM, such as gemma-3-1b) are served",
+}
 
 
 # %% ../../nbs/04_models.ipynb #8033f88d
@@ -278,6 +367,9 @@ def model_class(config):
             return MODEL_REGISTRY[arch]
         if arch in LAZY_MODELS:
             return lazy(arch)
+    for arch in getattr(config, "architectures", None) or []:
+        if arch in REFUSED:
+            raise ValueError(f"{arch}: {REFUSED[arch]}")
     mt = getattr(config, "model_type", None)
     if mt in MODEL_TYPES:
         return MODEL_TYPES[mt]
