@@ -21,6 +21,7 @@ __all__ = [
 # %% ../../nbs/04c_gemma_phi3.ipynb #6a71d7e7
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,7 @@ from .decoder import MODEL_REGISTRY, MODEL_TYPES, CausalLM, DecoderLayer
 class RopeTable(RotaryEmbedding):
     "A rotary embedding over a given `[positions, head_dim]` cos|sin table (one per layer kind, or two stacked)."
 
-    def __init__(self, cache: torch.Tensor, device=None):
+    def __init__(self, cache: torch.Tensor, device: Any = None):
         nn.Module.__init__(self)
         self.register_buffer("cos_sin_cache", cache.to(device), persistent=False)
 
@@ -75,25 +76,27 @@ class GemmaDecoderLayer(DecoderLayer):
 
     def __init__(
         self,
-        config,
-        rotary,
-        biases,
-        qk_norm,
-        mlp,
-        dtype=None,
-        device=None,
-        quant=None,
-        prefix="",
-        window=None,
-        softcap=None,
-        scale=None,
+        config: Any,
+        rotary: RotaryEmbedding,
+        biases: dict,
+        qk_norm: bool,
+        mlp: nn.Module,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+        quant: Any = None,
+        prefix: str = "",
+        window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
     ):
         super().__init__(config, rotary, biases, qk_norm, mlp, dtype, device, quant, prefix, window, softcap, scale)
         H, eps = config.hidden_size, config.rms_norm_eps
         self.pre_feedforward_layernorm = RMSNorm(H, eps, dtype, device)
         self.post_feedforward_layernorm = RMSNorm(H, eps, dtype, device)
 
-    def forward(self, positions, x, residual, attn):
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, attn: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
@@ -109,7 +112,7 @@ class Gemma2ForCausalLM(CausalLM):
 
     layer_cls = GemmaDecoderLayer
 
-    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
+    def __init__(self, config: Any, dtype: torch.dtype = torch.float32, device: Any = "cpu", quant: Any = None):
         super().__init__(config, dtype, device, quant)
         self.model.embed_scale = float(
             torch.tensor(config.hidden_size**0.5, dtype=dtype, device="cpu")
@@ -117,17 +120,19 @@ class Gemma2ForCausalLM(CausalLM):
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
 
     @classmethod
-    def check_config(cls, config):
-        super().check_config(config)
+    def check_config(cls, config: Any) -> None:
+        super().check_config(config)  # type: ignore[misc]  # declared on CausalLM by @patch
         act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "gelu_pytorch_tanh")
         if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
             raise ValueError(f"{cls.__name__}: hidden_activation '{act}' is not supported (gelu_pytorch_tanh only)")
 
     @classmethod
-    def attention_args(cls, config) -> dict:
+    def attention_args(cls, config: Any) -> dict:
         return dict(scale=config.query_pre_attn_scalar**-0.5, softcap=getattr(config, "attn_logit_softcapping", None))
 
-    def make_mlp(self, config, layer_idx, dtype, device, quant, prefix):
+    def make_mlp(
+        self, config: Any, layer_idx: int, dtype: torch.dtype, device: Any, quant: Any, prefix: str
+    ) -> nn.Module:
         return GeluTanhMLP(config.hidden_size, config.intermediate_size, False, dtype, device, quant, prefix)
 
     def checkpoint_tensors(self, weights: Iterable) -> Iterable:
@@ -143,7 +148,7 @@ class Gemma2ForCausalLM(CausalLM):
 
 
 # %% ../../nbs/04c_gemma_phi3.ipynb #99ddc6ea
-def gemma3_rope(config, layer_type: str) -> dict:
+def gemma3_rope(config: Any, layer_type: str) -> dict:
     "The rope setting of Gemma 3's `layer_type` layers: transformers 5 nests one per type; 4.x named the local base."
     params = getattr(config, "rope_parameters", None) or {}
     if layer_type in params:
@@ -158,7 +163,7 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
 
     qk_norm = True
 
-    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
+    def __init__(self, config: Any, dtype: torch.dtype = torch.float32, device: Any = "cpu", quant: Any = None):
         super().__init__(config, dtype, device, quant)
         D, P = head_dim(config), config.max_position_embeddings
         tables = {
@@ -191,7 +196,7 @@ class Phi3ForCausalLM(CausalLM):
 
     fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
-    def __init__(self, config, dtype=torch.float32, device="cpu", quant=None):
+    def __init__(self, config: Any, dtype: torch.dtype = torch.float32, device: Any = "cpu", quant: Any = None):
         super().__init__(config, dtype, device, quant)
         D, P, params = head_dim(config), config.max_position_embeddings, rope_parameters(config)
         factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
@@ -241,8 +246,10 @@ class Phi3ForCausalLM(CausalLM):
         if self.long_from is not None:
             a, T = mi.attn, mi.positions.shape[0]
             npf = a.num_prefills
-            counts = (a.cu_seqlens_q[1 : npf + 1] - a.cu_seqlens_q[:npf]).long()
-            lens = torch.cat([a.seq_lens[:npf].repeat_interleave(counts), a.seq_lens[npf:]])[:T]
+            lens = a.seq_lens[:T]  # decodes only: one token a sequence (no host sync: a CUDA graph records this)
+            if npf:
+                counts = (a.cu_seqlens_q[1 : npf + 1] - a.cu_seqlens_q[:npf]).long()
+                lens = torch.cat([a.seq_lens[:npf].repeat_interleave(counts), a.seq_lens[npf:]])[:T]
             mi = dataclasses.replace(mi, positions=mi.positions + self.max_positions * (lens > self.long_from))
         return super().forward(mi)
 
