@@ -46,7 +46,7 @@ from ..models.model_dir import resolve_model_dir
 from ..multimodal.processing import process_images as encode_images
 from ..sampling_params import SEED_RANGE, SamplingParams
 from ..utils import patch
-from .block_manager import BlockManager
+from .block_manager import BlockManager, shared_window
 from .detokenizer import IncrementalDetokenizer
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -150,7 +150,10 @@ class ContinuousBatchingEngine:
         self.device, self.dtype = torch.device(device), dtype
         self.max_model_len = context_length(max_model_len, config)
         self._init_executor(executor)
-        self.block_manager = BlockManager(self.executor.num_blocks, block_size, enable_prefix_caching)
+        windows = [m.window for m in self.model.modules() if hasattr(m, "k_cache")] if self.model is not None else []
+        self.block_manager = BlockManager(  # a model windowed in every layer lets the cache follow its window
+            self.executor.num_blocks, block_size, enable_prefix_caching, shared_window(windows)
+        )
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, self.scheduler_config.max_num_batched_tokens)
         self._init_requests(seed)
         self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
@@ -338,7 +341,7 @@ def _check_request(self: ContinuousBatchingEngine, ids: list, params: SamplingPa
             f"{self.max_model_len} tokens"
         )
     max_tokens = params.max_tokens or room
-    need = self.block_manager.blocks_needed(len(ids) + max_tokens)
+    need = self.block_manager.peak_blocks(len(ids) + max_tokens, self.scheduler.max_num_batched_tokens)
     if need > self.block_manager.num_total_blocks:
         raise ValueError(
             f"the request needs {need} KV blocks (prompt {len(ids)} + max_tokens {max_tokens} tokens) "

@@ -124,6 +124,7 @@ def update(self: Scheduler, out: SchedulerOutput):
     for seq, n in out.scheduled:
         seq.num_computed_tokens += n
         self.bm.cache_full_blocks(seq)
+        self.bm.release_outside_window(seq)
 
 
 # %% ../../nbs/09_scheduler.ipynb #a5434d98

@@ -25,6 +25,7 @@ class Sequence:
     block_table: list = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_blocks: int = 0  # leading blocks registered in the prefix cache
+    num_released_blocks: int = 0  # leading blocks handed back: no query can see them (a windowed model)
     extra_keys: tuple = ()  # e.g. image hashes: part of every block's identity
     mm_inputs: tuple = ()  # its images (multimodal.ImageInput): token spans and features
 

@@ -9,9 +9,13 @@ __all__ = [
     "declines_head_dim",
     "load_tile",
     "softmax_step",
+    "softmax_step_banded",
+    "tanh_exp2",
+    "shape_scores",
     "as_fp16",
     "widen_fp8_words",
     "cache_args",
+    "band_args",
     "check_paged_args",
     "random_paged_kv",
 ]
@@ -57,6 +61,39 @@ def softmax_step(s, m_i, l_i):
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
+# %% ../../kernels_nb/05a_attention_tiles.ipynb #c90cad56
+@triton.jit
+def softmax_step_banded(s, m_i, l_i):
+    "`softmax_step` for rows that may have seen no key yet (all `-inf` so far): those rows stay empty, never `NaN`."
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def tanh_exp2(x):
+    """`tanh(x)` from one `exp2`: `(1 - e^(-2|x|)) / (1 + e^(-2|x|))` with `x`'s sign; near 0, where that difference
+    cancels, its series to the seventh power."""
+    a = tl.abs(x)
+    e = tl.exp2(a * -2.8853900817779268)  # e^(-2|x|), never overflows
+    x2 = x * x
+    series = x * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+    return tl.where(a < 0.125, series, tl.where(x < 0, -1.0, 1.0) * (1.0 - e) / (1.0 + e))
+
+
+@triton.jit
+def shape_scores(s, offs_n, lo, softcap, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+    """Scores `s` (log2 units, no mask applied yet) capped to `softcap · tanh(s / softcap)` (`SOFTCAP`), and `-inf`
+    before each row's first visible key `lo` (`WINDOW`)."""
+    if SOFTCAP:
+        s = softcap * tanh_exp2(s / softcap)
+    if WINDOW:
+        s = tl.where(offs_n[None, :] >= lo[:, None], s, float("-inf"))
+    return s
+
+
 # %% ../../kernels_nb/05a_attention_tiles.ipynb #e2947a01
 @triton.jit
 def _tile_blocks(table, start, offs_n, seq_len, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
@@ -77,21 +114,27 @@ def _attend_tile(
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr,
     ACC_T: tl.constexpr = False, V_COLS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False,
-    PAD_D: tl.constexpr = False,
+    PAD_D: tl.constexpr = False, lo=0, softcap=0.0, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     """Fold keys `start .. start + BLOCK_N` of one sequence into the running `(acc, m_i, l_i)` of queries `q`;
     with `ACC_T` the accumulator is held transposed, `[HEAD_DIM, rows]`; with `V_COLS` V's tile is read as columns,
     `[HEAD_DIM, BLOCK_N]` (V stored key-minor); with `SAME_LAYOUT` V has K's strides and reuses K's offsets;
-    with `PAD_D` the head's columns `offs_d` where `d_ok` is false are padding, never read."""
+    with `PAD_D` the head's columns `offs_d` where `d_ok` is false are padding, never read; with `WINDOW` each row sees
+    only keys from its `lo`, with `SOFTCAP` the scores are capped (`shape_scores`)."""
     offs_n = start + tl.arange(0, BLOCK_N)
     blk = _tile_blocks(table, start, offs_n, seq_len, PAGE, BLOCK_N, MASKED)
     offs = (blk * stride_kb + (offs_n % PAGE) * stride_ks)[:, None] + offs_d[None, :] * stride_kd
     k = load_tile(k_base + offs, (offs_n < seq_len)[:, None], d_ok[None, :], MASKED, PAD_D)
     k = k.to(q.dtype)  # an fp8 cache is widened to the queries' dtype in registers
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+    if WINDOW or SOFTCAP:  # the cap before any mask: a masked score stays -inf
+        s = shape_scores(s, offs_n, lo, softcap, WINDOW, SOFTCAP)
     if MASKED:  # causal, and nothing past the sequence's end
         s = tl.where((offs_n[None, :] <= q_pos[:, None]) & (offs_n < seq_len)[None, :], s, float("-inf"))
-    p, alpha, m_new, l_i = softmax_step(s, m_i, l_i)
+    if WINDOW:
+        p, alpha, m_new, l_i = softmax_step_banded(s, m_i, l_i)
+    else:
+        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i)
     if V_COLS:  # keys contiguous: load Vᵀ as it is stored, `P·(Vᵀ)ᵀ`
         offs = offs_d[:, None] * stride_vd + (blk * stride_vb + (offs_n % PAGE) * stride_vs)[None, :]
         vt = load_tile(v_base + offs, d_ok[:, None], (offs_n < seq_len)[None, :], PAD_D, MASKED)
@@ -149,6 +192,22 @@ def cache_args(q, k_cache, v_cache) -> dict:
         ACC_T=fp8 and not v_cols,
         V_COLS=v_cols,
         SAME_LAYOUT=k_cache.stride() == v_cache.stride(),
+    )
+
+
+# %% ../../kernels_nb/05a_attention_tiles.ipynb #8231da68
+def band_args(window: int | None, softcap: float | None) -> dict:
+    """The attention kernels' arguments for a sliding `window` (keys per query, None for all) and a score cap `softcap`
+    (None for none), the cap in the kernels' log2 units."""
+    if window is not None and (int(window) != window or window < 1):
+        raise ValueError(f"sliding window must be a whole number of tokens >= 1, got {window}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"attention soft-cap must be positive, got {softcap}")
+    return dict(
+        window=int(window or 0),
+        softcap=float(softcap or 1.0) * 1.4426950408889634,  # log2(e)
+        WINDOW=window is not None,
+        SOFTCAP=softcap is not None,
     )
 
 

@@ -32,11 +32,14 @@ import triton.language as tl
 from litellama.kernels.attention_tiles import (
     _attend_tile,
     as_fp16,
+    band_args,
     cache_args,
     check_paged_args,
     load_tile,
     random_paged_kv,
+    shape_scores,
     softmax_step,
+    softmax_step_banded,
     widen_fp8_words,
 )
 
@@ -216,6 +219,7 @@ def _fp8_tile(
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     DOT_PREC: tl.constexpr, WORDS: tl.constexpr, BLOCK_D: tl.constexpr,
+    lo=0, softcap=0.0, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     """`_attend_tile` for one decode query per row over an fp8 cache, the tile's blocks given (`_fp8_blocks`): K read as
     rows `[BLOCK_N, HEAD_DIM]`; with `WORDS` as int32 words along head_dim, and V (key-minor) as columns `[HEAD_DIM,
@@ -245,9 +249,14 @@ def _fp8_tile(
             PAD_D,
         )
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
+    if WINDOW or SOFTCAP:  # the cap before the mask: a masked score stays -inf
+        s = shape_scores(s, keys, lo, softcap, WINDOW, SOFTCAP)
     if MASKED:
         s = tl.where((keys < seq_len)[None, :], s, float("-inf"))
-    p, alpha, m_new, l_i = softmax_step(s, m_i, l_i)
+    if WINDOW:
+        p, alpha, m_new, l_i = softmax_step_banded(s, m_i, l_i)
+    else:
+        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i)
     if WORDS:  # V's columns: int32 words along the keys, widened in place, then `P·(Vᵀ)ᵀ`
         VEC: tl.constexpr = min(PAGE, BLOCK_N) // 4  # consecutive words of one column in one block
         cols = start + 4 * tl.arange(0, BLOCK_N // 4)
@@ -272,6 +281,7 @@ def _fp8_walk(
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
     WORDS: tl.constexpr, BLOCK_D: tl.constexpr,
+    lo=0, softcap=0.0, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     "Keys `start .. end` of one piece over an fp8 cache, each tile's blocks loaded a tile ahead; the last tile masked."
     k_blocks, v_blocks = _fp8_blocks(table, start, seq_len, BLOCK_N, PAGE, WORDS)
@@ -280,14 +290,14 @@ def _fp8_walk(
         acc, m_i, l_i = _fp8_tile(
             acc, m_i, l_i, q, qk_scale, n, seq_len, k_blocks, v_blocks, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-            HEAD_DIM, PAGE, BLOCK_N, False, DOT_PREC, WORDS, BLOCK_D,
+            HEAD_DIM, PAGE, BLOCK_N, False, DOT_PREC, WORDS, BLOCK_D, lo, softcap, WINDOW, SOFTCAP,
         )  # fmt: skip
         k_blocks, v_blocks = k_next, v_next
     for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
         acc, m_i, l_i = _fp8_tile(
             acc, m_i, l_i, q, qk_scale, n, seq_len, k_blocks, v_blocks, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-            HEAD_DIM, PAGE, BLOCK_N, True, DOT_PREC, WORDS, BLOCK_D,
+            HEAD_DIM, PAGE, BLOCK_N, True, DOT_PREC, WORDS, BLOCK_D, lo, softcap, WINDOW, SOFTCAP,
         )  # fmt: skip
     return acc, m_i, l_i
 
@@ -299,6 +309,7 @@ def _tile_walk(
     stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, SAME_LAYOUT: tl.constexpr,
     PAD_D: tl.constexpr, GROUP_PAD: tl.constexpr,
+    lo=0, softcap=0.0, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     "Keys `start .. end` of one piece over a 16-bit cache: `_attend_tile` with every row at position `last`."
     q_pos = tl.full([GROUP_PAD], 0, tl.int32) + last
@@ -306,13 +317,13 @@ def _tile_walk(
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
-            PAGE, BLOCK_N, False, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT, PAD_D=PAD_D,
+            PAGE, BLOCK_N, False, DOT_PREC, False, False, SAME_LAYOUT, PAD_D, lo, softcap, WINDOW, SOFTCAP,
         )  # fmt: skip
     for n in range(full_end, end, BLOCK_N):  # the sequence's ragged last tile, if this piece holds it
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, qk_scale, n, seq_len, table, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
-            PAGE, BLOCK_N, True, DOT_PREC, SAME_LAYOUT=SAME_LAYOUT, PAD_D=PAD_D,
+            PAGE, BLOCK_N, True, DOT_PREC, False, False, SAME_LAYOUT, PAD_D, lo, softcap, WINDOW, SOFTCAP,
         )  # fmt: skip
     return acc, m_i, l_i
 
@@ -344,6 +355,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
     FP8: tl.constexpr = False, WORDS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False,
+    window=0, softcap=0.0, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     "One piece of one sequence's keys for all the query heads of one kv head: a partial softmax, or the output."
     piece, kv_head = tl.program_id(0), tl.program_id(1)
@@ -352,7 +364,11 @@ def _decode_split_kernel(
         return
     start, end = tl.load(SPLITS + piece * 3 + 1).to(tl.int32), tl.load(SPLITS + piece * 3 + 2).to(tl.int32)
     seq_len = tl.load(SEQ_LENS + seq)
-    full_end = start + (end - start) // BLOCK_N * BLOCK_N  # tiles before this need no mask
+    lo = seq_len - window  # the first key in the window (with one)
+    begin = start
+    if WINDOW:  # skip the piece's tiles before the window; a piece wholly before it does nothing
+        begin = tl.minimum(tl.maximum(start, tl.maximum(lo, 0) // BLOCK_N * BLOCK_N), end)
+    full_end = begin + (end - begin) // BLOCK_N * BLOCK_N  # tiles before this need no mask
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, BLOCK_D)  # the head, padded to a power of two (`05a_attention_tiles.ipynb`)
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
@@ -371,15 +387,17 @@ def _decode_split_kernel(
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     if FP8:
         acc, m_i, l_i = _fp8_walk(
-            acc, m_i, l_i, q, qk_scale, start, full_end, end, seq_len, table, k_base, v_base,
+            acc, m_i, l_i, q, qk_scale, begin, full_end, end, seq_len, table, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-            HEAD_DIM, PAGE, BLOCK_N, DOT_PREC, WORDS, BLOCK_D,
+            HEAD_DIM, PAGE, BLOCK_N, DOT_PREC, WORDS, BLOCK_D, tl.full([GROUP_PAD], 0, tl.int32) + lo, softcap, WINDOW,
+            SOFTCAP,
         )  # fmt: skip
     else:
         acc, m_i, l_i = _tile_walk(
-            acc, m_i, l_i, q, seq_len - 1, qk_scale, start, full_end, end, seq_len, table, k_base, v_base,
+            acc, m_i, l_i, q, seq_len - 1, qk_scale, begin, full_end, end, seq_len, table, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
-            PAGE, BLOCK_N, DOT_PREC, SAME_LAYOUT, PAD_D, GROUP_PAD,
+            PAGE, BLOCK_N, DOT_PREC, SAME_LAYOUT, PAD_D, GROUP_PAD, tl.full([GROUP_PAD], 0, tl.int32) + lo, softcap,
+            WINDOW, SOFTCAP,
         )  # fmt: skip
     if PAD_D:
         row_ok = row_ok & d_ok[None, :]  # and no padded column is written
@@ -435,7 +453,7 @@ def _decode_merge_kernel(
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #1e02ade6
-def _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg):
+def _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg, band=None):
     "Launch `_decode_split_kernel` over the plan's `rows` into `out` and the partial buffers `parts` `(m, l, acc)`."
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     kc, vc, words = fp8_words(q, k_cache, v_cache) if fp8 else (k_cache, v_cache, False)
@@ -446,7 +464,7 @@ def _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows,
         *q.stride(), *kc.stride(), *vc.stride(), *out.stride(), block_tables.stride(0),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
         PAGE=page, BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
-        WORDS=words, **switches, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        WORDS=words, **switches, **(band or {}), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
 
 
@@ -460,12 +478,16 @@ def decode_attention(
     scale: float,
     *,
     splits: tuple | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence, `q` `[B, Hq, D]`, over its paged K/V; see `reference.decode_attention`.
     `splits`: the step's `(rows, cu_splits)` plan on the device (`SplitPlanner`); without it the launcher reads
-    `seq_lens` back and plans itself."""
+    `seq_lens` back and plans itself. `window`: each query sees its latest `window` keys (pieces before them do
+    nothing); `softcap`: scores capped to `softcap · tanh(s / softcap)`."""
     B, Hq, D = q.shape
     page, Hk = check_paged_args(q, k_cache, v_cache)
+    band = band_args(window, softcap)
     out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     if B == 0:
         return out
@@ -483,7 +505,7 @@ def decode_attention(
     acc_part = torch.empty((n, Hq, D), dtype=torch.float32, device=q.device)
     if n:
         parts = (m_part, l_part, acc_part)
-        _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg)
+        _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg, band)
     merge = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), **merge_config(B))
     _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), **merge)
     return out

@@ -17,6 +17,7 @@ import triton.language as tl
 from litellama.kernels.attention_tiles import (
     _attend_tile,
     as_fp16,
+    band_args,
     cache_args,
     check_paged_args,
     load_tile,
@@ -86,6 +87,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
     ACC_T: tl.constexpr = False, V_COLS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False,
+    window=0, softcap=0.0, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     "One query tile of one sequence, one query head: causal attention over the sequence's paged K/V."
     head = tl.program_id(0)
@@ -116,17 +118,21 @@ def _prefill_kernel(
     first_q = seq_len - q_len + tile * BLOCK_M
     full_end = first_q // BLOCK_N * BLOCK_N  # keys [0, full_end) are visible to every row
     end = tl.minimum(seq_len, first_q + BLOCK_M)  # no row sees a key at or past `end`
-    for start in range(0, full_end, BLOCK_N):
+    lo = q_pos - window + 1  # each row's first visible key, with a window
+    begin = 0
+    if WINDOW:  # the tile holding the first row's first key
+        begin = tl.maximum(first_q - window + 1, 0) // BLOCK_N * BLOCK_N
+    for start in range(begin, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
-            PAGE, BLOCK_N, False, DOT_PREC, ACC_T, V_COLS, SAME_LAYOUT, PAD_D,
+            PAGE, BLOCK_N, False, DOT_PREC, ACC_T, V_COLS, SAME_LAYOUT, PAD_D, lo, softcap, WINDOW, SOFTCAP,
         )  # fmt: skip
     for start in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_pos, qk_scale, start, seq_len, table, k_base, v_base,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, offs_d, d_ok,
-            PAGE, BLOCK_N, True, DOT_PREC, ACC_T, V_COLS, SAME_LAYOUT, PAD_D,
+            PAGE, BLOCK_N, True, DOT_PREC, ACC_T, V_COLS, SAME_LAYOUT, PAD_D, lo, softcap, WINDOW, SOFTCAP,
         )  # fmt: skip
     _store_rows(OUT, acc, l_i, q_rows, head, offs_d, offs_m, q_len, d_ok, stride_ot, stride_oh, stride_od, ACC_T, PAD_D)
 
@@ -160,11 +166,14 @@ def prefill_attention(
     scale: float,
     *,
     max_seqlen_q: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention for packed query chunks `q` `[T, Hq, D]` over each sequence's paged K/V;
-    see `reference.prefill_attention`."""
+    """Causal attention for packed query chunks `q` `[T, Hq, D]` over each sequence's paged K/V, each query over its
+    `window` latest keys, scores capped at `softcap`; see `reference.prefill_attention`."""
     T, Hq, D = q.shape
     page, Hk = check_paged_args(q, k_cache, v_cache)
+    band = band_args(window, softcap)
     B = seq_lens.shape[0]
     out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
     if T == 0 or B == 0:
@@ -181,7 +190,7 @@ def prefill_attention(
         scale * math.log2(math.e), B, num_slots, max(B - 1, 1).bit_length(),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), block_tables.stride(0),
         GROUP=Hq // Hk, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), PAGE=page, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", **cache_args(q, k_cache, v_cache), **cfg,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", **cache_args(q, k_cache, v_cache), **band, **cfg,
     )  # fmt: skip
     return out
 

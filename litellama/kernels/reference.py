@@ -11,6 +11,7 @@ __all__ = [
     "rotary_embedding",
     "linear",
     "silu_and_mul",
+    "gelu_tanh_and_mul",
     "store_kv_cache",
     "fp8_max",
     "to_cache_dtype",
@@ -73,6 +74,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+# %% ../../kernels_nb/00_reference.ipynb #0855e9a0
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    "`gelu_tanh(gate) * up` where `x` `[T, 2I]` holds `[gate | up]` (Gemma's MLP): GELU's tanh approximation."
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 # %% ../../kernels_nb/00_reference.ipynb #e55c4bc2
 def store_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
@@ -133,19 +141,29 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 
 
 # %% ../../kernels_nb/00_reference.ipynb #24ca8f10
-def _attend(q, k, v, scale, q_start):
-    "Causal attention of `q` `[Tq, Hq, D]` at positions `q_start..` over `k, v` `[Tk, Hk, D]`, in float32."
+def _softmax_attend(q, k, v, mask, scale, softcap):
+    "`softmax(s) v` over `[N, heads, tokens, D]` tensors, `s = q kᵀ scale` soft-capped to `softcap tanh(s / softcap)`."
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = torch.tanh(q @ k.transpose(-1, -2) * (scale / softcap)) * softcap
+    return s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+
+
+def _attend(q, k, v, scale, q_start, window=None, softcap=None):
+    """Causal attention of `q` `[Tq, Hq, D]` at positions `q_start..` over `k, v` `[Tk, Hk, D]`, in float32; with
+    `window`, each query sees only the `window` latest keys up to itself."""
     q, k, v = (t.float().transpose(0, 1)[None] for t in (q, k, v))  # [1, heads, tokens, D]
     Tq, Tk = q.shape[2], k.shape[2]
-    causal = (
-        dict(is_causal=True)
-        if q_start == 0 and Tq == Tk
-        else dict(
-            attn_mask=torch.arange(Tk, device=q.device)[None] <= torch.arange(Tq, device=q.device)[:, None] + q_start
-        )
-    )
-    out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True, **causal)
-    return out[0].transpose(0, 1)
+    if q_start == 0 and Tq == Tk and window is None and softcap is None:
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True, is_causal=True)
+        return out[0].transpose(0, 1)
+    q_pos, k_pos = torch.arange(Tq, device=q.device)[:, None] + q_start, torch.arange(Tk, device=q.device)[None]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return _softmax_attend(q, k, v, mask, scale, softcap)[0].transpose(0, 1)
 
 
 # %% ../../kernels_nb/00_reference.ipynb #c06396e9
@@ -158,17 +176,20 @@ def prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     max_seqlen_q: int | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention for packed query chunks `q` `[T, Hq, D]` (`cu_seqlens_q` `[B+1]`) over each sequence's cached
-    K/V."""
+    K/V; each query sees its `window` latest keys (all if None), scores soft-capped at `softcap` (none if None)."""
     out = torch.empty_like(q)
     cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
     for b in range(len(lens)):
         s, e = cu[b], cu[b + 1]
         if e == s:
             continue
+        first = 0 if window is None else max(0, lens[b] - (e - s) - window + 1)  # the first key any query sees
         k, v = gather_kv(k_cache, block_tables[b], lens[b]), gather_kv(v_cache, block_tables[b], lens[b])
-        out[s:e] = _attend(q[s:e], k, v, scale, q_start=lens[b] - (e - s)).to(q.dtype)
+        out[s:e] = _attend(q[s:e], k[first:], v[first:], scale, lens[b] - (e - s) - first, window, softcap).to(q.dtype)
     return out
 
 
@@ -181,8 +202,11 @@ def decode_attention(
     block_tables: torch.Tensor,
     scale: float,
     splits: tuple | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    "Attention of one new query per sequence, `q` `[B, Hq, D]`, over its first `seq_lens[b]` cached tokens."
+    """Attention of one new query per sequence, `q` `[B, Hq, D]`, over its first `seq_lens[b]` cached tokens (the
+    last `window` of them with a window), scores soft-capped at `softcap`."""
     B, Hq, D = q.shape
     if B == 0:
         return torch.empty_like(q)
@@ -190,8 +214,11 @@ def decode_attention(
     max_len = block_tables.shape[1] * block_size
     k = k_cache[block_tables.long()].reshape(B, max_len, Hk, D).transpose(1, 2).float()
     v = v_cache[block_tables.long()].reshape(B, max_len, Hk, D).transpose(1, 2).float()
-    mask = (torch.arange(max_len, device=q.device)[None] < seq_lens.view(B, 1))[:, None, None]  # [B, 1, 1, max_len]
-    out = F.scaled_dot_product_attention(q.float()[:, :, None], k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    pos, lens = torch.arange(max_len, device=q.device)[None], seq_lens.view(B, 1)
+    mask = pos < lens
+    if window is not None:
+        mask &= pos >= lens - window
+    out = _softmax_attend(q.float()[:, :, None], k, v, mask[:, None, None], scale, softcap)  # mask [B, 1, 1, max_len]
     return out[:, :, 0].to(q.dtype)
 
 

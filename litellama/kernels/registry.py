@@ -161,6 +161,12 @@ OPS = OPS + ("w4a16_linear",)
 BACKENDS["triton"].impls["w4a16_linear"] = _K + "w4a16:w4a16_linear"
 BACKENDS["torch"].impls["w4a16_linear"] = _K + "w4a16:w4a16_linear_ref"
 
+# %% ../../kernels_nb/01_registry.ipynb #cab65ccc
+# Gemma's MLP activation (nbs/04c_gemma_phi3)
+OPS = OPS + ("gelu_tanh_and_mul",)
+BACKENDS["triton"].impls["gelu_tanh_and_mul"] = _K + "activation:gelu_tanh_and_mul"
+BACKENDS["torch"].impls["gelu_tanh_and_mul"] = _K + "reference:gelu_tanh_and_mul"
+
 # %% ../../kernels_nb/01_registry.ipynb #a8q1c0de
 QUANT_OPS = ("w8a16_gemm", "scaled_mm", "block_scaled_mm", "per_token_quant")  # 8-bit GEMMs: kernels_nb/12_quant_gemm
 OPS = OPS + QUANT_OPS

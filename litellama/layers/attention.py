@@ -102,9 +102,19 @@ class AttentionBackend(Protocol):
 class PagedAttention(nn.Module):
     "Store this step's K/V in the cache, then attend: prefill chunks varlen, decodes one query each."
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
+        self.window, self.softcap = window, softcap  # this layer's sliding window and score cap (None: none)
+        self.band = {k: v for k, v in (("window", window), ("softcap", softcap)) if v is not None}
         self.k_cache = self.v_cache = None  # bound by the model runner: [num_blocks, block_size, Hk, D]
 
     def forward(self, q, k, v, attn: AttentionMetadata):
@@ -127,6 +137,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
             attn.block_tables,
             self.scale,
             max_seqlen_q=attn.max_seqlen_q,
+            **self.band,
         )
     if P == 0:
         return decode_attention(
@@ -138,6 +149,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
             self.scale,
             splits=attn.decode_splits,
             memo=attn.per_step,
+            **self.band,
         )
     out = torch.empty_like(q)
     out[:P] = ops.prefill_attention(
@@ -149,6 +161,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
         attn.block_tables[:npf],
         self.scale,
         max_seqlen_q=attn.max_seqlen_q,
+        **self.band,
     )
     out[P:] = decode_attention(
         q[P:],
@@ -158,6 +171,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
         attn.block_tables[npf:],
         self.scale,
         splits=attn.decode_splits,
+        **self.band,
     )
     return out
 
@@ -177,6 +191,9 @@ class SelfAttention(nn.Module):
         device=None,
         quant=None,
         prefix: str = "",
+        window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
     ):
         super().__init__()
         H = config.hidden_size
@@ -192,7 +209,8 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps, dtype, device) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps, dtype, device) if qk_norm else None
         self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        scale = self.head_dim**-0.5 if scale is None else scale
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, scale, window, softcap)
 
 
 # %% ../../nbs/03_attention.ipynb #609cafbd

@@ -102,12 +102,14 @@ def decode_attention(
     scale: float,
     splits: tuple | None = None,
     memo: dict | None = None,
+    **band: Any,
 ) -> torch.Tensor:
-    "The decode attention of a paged cache: `cpu_decode_attention` where it applies, else the registry's op."
+    """The decode attention of a paged cache: `cpu_decode_attention` where it applies, else the registry's op (which
+    also takes a layer's sliding `window` and score `softcap`, the `band`)."""
     assert k_cache is not None and v_cache is not None, "no KV cache bound to this layer (the model runner binds it)"
-    if k_cache.dtype == q.dtype and cpu_attention_applies(q.device.type, q.shape[-1], k_cache.dtype):
+    if not band and k_cache.dtype == q.dtype and cpu_attention_applies(q.device.type, q.shape[-1], k_cache.dtype):
         return cpu_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, memo)
-    return ops.decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, splits=splits)
+    return ops.decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, splits=splits, **band)
 
 
 # %% ../../nbs/03a_cpu_attention.ipynb #954af64c

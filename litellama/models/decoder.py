@@ -6,9 +6,12 @@ Docs: https://litellama.github.io/litellama/nbs/models.html.md"""
 
 # %% auto #0
 __all__ = [
+    "LAYER_TYPES",
     "MODEL_REGISTRY",
     "MODEL_TYPES",
     "LAZY_MODELS",
+    "REFUSED",
+    "layer_window",
     "DecoderLayer",
     "DecoderModel",
     "CausalLM",
@@ -16,6 +19,7 @@ __all__ = [
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "MistralForCausalLM",
     "model_class",
 ]
 
@@ -34,6 +38,22 @@ from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 
+# %% ../../nbs/04_models.ipynb #a1c0de02
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def layer_window(config, layer_idx: int) -> int | None:
+    "The sliding window of layer `layer_idx` (keys per query, transformers' convention), or None for full attention."
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types:
+        if types[layer_idx] not in LAYER_TYPES:
+            raise ValueError(f"layer {layer_idx}: attention type '{types[layer_idx]}' is not supported")
+        return window if types[layer_idx] == "sliding_attention" else None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return window
+
 
 # %% ../../nbs/04_models.ipynb #10c8a0ed
 class DecoderLayer(nn.Module):
@@ -50,12 +70,26 @@ class DecoderLayer(nn.Module):
         device: torch.device | str | None = None,
         quant: QuantConfig | None = None,
         prefix: str = "",
+        window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
     ):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.self_attn = SelfAttention(
-            config, rotary, biases["qkv"], biases["o"], qk_norm, dtype, device, quant, f"{prefix}.self_attn"
+            config,
+            rotary,
+            biases["qkv"],
+            biases["o"],
+            qk_norm,
+            dtype,
+            device,
+            quant,
+            f"{prefix}.self_attn",
+            window,
+            softcap,
+            scale,
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = mlp
@@ -87,12 +121,16 @@ class DecoderModel(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         quant: QuantConfig | None = None,
+        layer_cls: type[nn.Module] | None = None,
+        attn_args: dict | None = None,
     ):
         super().__init__()
         self.rotary = RotaryEmbedding(config, head_dim(config), config.max_position_embeddings, device)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
+        layer_cls, attn_args = layer_cls or DecoderLayer, attn_args or {}
+        self.embed_scale = None  # a factor on the token embeddings (Gemma: the square root of the hidden size)
         self.layers = nn.ModuleList(
-            DecoderLayer(
+            layer_cls(
                 config,
                 self.rotary,
                 biases,
@@ -102,13 +140,19 @@ class DecoderModel(nn.Module):
                 device,
                 quant,
                 f"model.layers.{i}",
+                layer_window(config, i),
+                **attn_args,
             )
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
     def forward(self, mi: ModelInput) -> torch.Tensor:
-        x = mi.inputs_embeds if mi.inputs_embeds is not None else self.embed_tokens(mi.input_ids)
+        if mi.inputs_embeds is not None:
+            x = mi.inputs_embeds
+        else:
+            x = self.embed_tokens(mi.input_ids)
+            x = x if self.embed_scale is None else x * self.embed_scale
         residual = None
         for layer in self.layers:
             x, residual = layer(mi.positions, x, residual, mi.attn)
@@ -129,6 +173,7 @@ class CausalLM(nn.Module):
         "up_proj": ("gate_up_proj", "up"),
     }
     ignored_suffixes = ("rotary_emb.inv_freq",)
+    layer_cls = DecoderLayer  # a family with another block structure declares its own layer
 
     def __init__(
         self,
@@ -141,7 +186,17 @@ class CausalLM(nn.Module):
         self.check_config(config)
         self.config, self.quant = config, quant
         make_mlp = lambda i, prefix: self.make_mlp(config, i, dtype, device, quant, prefix)
-        self.model = DecoderModel(config, self.biases(config), self.qk_norm, make_mlp, dtype, device, quant)
+        self.model = DecoderModel(
+            config,
+            self.biases(config),
+            self.qk_norm,
+            make_mlp,
+            dtype,
+            device,
+            quant,
+            self.layer_cls,
+            self.attention_args(config),
+        )
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = LMHead(
             config.hidden_size,
@@ -161,8 +216,17 @@ class CausalLM(nn.Module):
     @classmethod
     def check_config(cls, config: PretrainedConfig) -> None:
         "Refuse configurations this implementation would run wrongly."
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError(f"{cls.__name__}: sliding-window attention is not supported")
+        for i in range(config.num_hidden_layers):
+            layer_window(config, i)  # an attention type it does not know
+
+    @classmethod
+    def attention_args(cls, config: PretrainedConfig) -> dict:
+        "What every layer's attention takes beyond the window: a score `softcap` or a `scale` (Gemma), by default none."
+        return {}
+
+    def checkpoint_tensors(self, weights: Iterable) -> Iterable:
+        "The checkpoint's `(name, tensor)` pairs as this model loads them (a family with fused tensors cuts them here)."
+        return weights
 
     def make_mlp(
         self,
@@ -206,7 +270,7 @@ def load_weights(model: CausalLM, weights: Iterable) -> None:
     """Load `(name, tensor)` pairs into `model`, then let each layer finish (repack, quantize); raise on unexpected,
     missing or misshapen tensors."""
     loaded = set()
-    for name, tensor in weights:
+    for name, tensor in model.checkpoint_tensors(weights):
         if name.endswith(model.ignored_suffixes) or (model.tied and name == "lm_head.weight"):
             continue
         try:
@@ -261,14 +325,20 @@ class Qwen3ForCausalLM(CausalLM):
     qk_norm = True
 
 
+# %% ../../nbs/04_models.ipynb #a1c0de04
+class MistralForCausalLM(CausalLM):
+    "Mistral: the plain decoder, every layer over a sliding window of `sliding_window` keys (when set)."
+
+
 # %% ../../nbs/04_models.ipynb #25dd7ffe
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    c.__name__: c for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
+    c.__name__: c for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)
 }
 MODEL_TYPES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "mistral": MistralForCausalLM,
 }
 
 # %% ../../nbs/04_models.ipynb #f3e1a20e
@@ -280,6 +350,16 @@ LAZY_MODELS = {
 
 # %% ../../nbs/04_models.ipynb #116cb399
 LAZY_MODELS["Qwen3VLForConditionalGeneration"] = ("qwen3_vl", "litellama.models.qwen3_vl")  # nbs/30_qwen3_vl
+for _arch, _type in (
+    ("Gemma2ForCausalLM", "gemma2"),
+    ("Gemma3ForCausalLM", "gemma3_text"),
+    ("Phi3ForCausalLM", "phi3"),
+):
+    LAZY_MODELS[_arch] = (_type, "litellama.models.gemma_phi3")  # nbs/04c_gemma_phi3
+REFUSED = {  # architectures recognised but not served, and why
+    "Gemma3ForConditionalGeneration": "Gemma 3's vision tower is not implemented; text-only checkpoints "
+    "(Gemma3ForCausalLM, such as gemma-3-1b) are served",
+}
 
 
 # %% ../../nbs/04_models.ipynb #8033f88d
@@ -293,6 +373,9 @@ def model_class(config: PretrainedConfig) -> type:
             return MODEL_REGISTRY[arch]
         if arch in LAZY_MODELS:
             return lazy(arch)
+    for arch in getattr(config, "architectures", None) or []:
+        if arch in REFUSED:
+            raise ValueError(f"{arch}: {REFUSED[arch]}")
     mt = getattr(config, "model_type", None)
     if mt in MODEL_TYPES:
         return MODEL_TYPES[mt]

@@ -86,6 +86,84 @@ REAL_SHAPES["llama-3.2-1b"] = dict(
     },
 )
 
+# %% ../../nbs/06_checkpoints.ipynb #d7c6f478
+REAL_SHAPES["mistral-7b"] = dict(
+    model_type="mistral",
+    architectures=["MistralForCausalLM"],
+    vocab_size=32000,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    sliding_window=4096,
+    tie_word_embeddings=False,
+)
+REAL_SHAPES["gemma-2-2b"] = dict(
+    model_type="gemma2",
+    architectures=["Gemma2ForCausalLM"],
+    vocab_size=256000,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=26,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    attn_logit_softcapping=50.0,
+    final_logit_softcapping=30.0,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
+REAL_SHAPES["gemma-3-1b"] = dict(
+    model_type="gemma3_text",
+    architectures=["Gemma3ForCausalLM"],
+    vocab_size=262144,
+    hidden_size=1152,
+    intermediate_size=6912,
+    num_hidden_layers=26,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    sliding_window=512,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    tie_word_embeddings=True,
+)
+REAL_SHAPES["phi-4-mini"] = dict(
+    model_type="phi3",
+    architectures=["Phi3ForCausalLM"],
+    vocab_size=200064,
+    hidden_size=3072,
+    intermediate_size=8192,
+    num_hidden_layers=32,
+    num_attention_heads=24,
+    num_key_value_heads=8,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    sliding_window=262144,
+    rope_parameters={
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.75,
+        "original_max_position_embeddings": 4096,
+        "short_factor": [1.0] * 48,
+        "long_factor": [1.0 + i / 8 for i in range(48)],
+    },
+    tie_word_embeddings=True,
+)
+
 # %% ../../nbs/06_checkpoints.ipynb #b69cc0ec
 SHAPES = {**{f"tiny-{k}": v for k, v in TINY_CONFIGS.items()}, **REAL_SHAPES}
 
