@@ -1,4 +1,4 @@
-"""What the Qwen3-MoE GPU scripts (`i20.py`, `moe.py`) share: their expert shapes, weights and router inputs, timers,
+"""What the Qwen3-MoE GPU scripts (`moe_kernels.py`, `moe.py`) share: their expert shapes, weights and router inputs, timers,
 guarded parts that keep their results and free memory after each; and the whole-model half: batch-1 TPOT through the
 engine with the kernels of 8 decode steps by group, workload 1 through the engine, HF transformers' batch 1 and
 workload 1 on the same random-weight shape, and the two side by side. Each script passes its device, dtype and time
@@ -8,6 +8,8 @@ import gc
 import time
 
 import torch
+
+import timing
 from common import batch1_tpot, guarded
 
 # ---------------------------------------------------------------- the kernel half: shapes, weights, timers, parts
@@ -38,23 +40,9 @@ def rel_err(a, b):
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
 
 
-def cpu_ms(fn):
-    "The median wall ms of three calls: the CPU dry run's stand-in for the GPU timers."
-    ts = []
-    for _ in range(3):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return sorted(ts)[1]
-
-
 def graph_ms(fn, dev, calls=10):
-    "Ms per call of `fn` replayed from one CUDA graph of `calls` calls; `cpu_ms` on the CPU."
-    if dev != "cuda":
-        return cpu_ms(fn)
-    from litellama.kernels.tuned import graph_ms as g
-
-    return g(fn, calls=calls)
+    "Ms per call of `fn` replayed from one CUDA graph of `calls` calls; the median of three wall-clock calls on the CPU."
+    return timing.graph_call_ms(fn, dev == "cuda", calls)
 
 
 def free(dev):

@@ -2,10 +2,10 @@
 expert shapes (128 experts, top-8, hidden 2048, intermediate 768), bf16 and fp8 experts; then batch-1 TPOT of the whole
 random-weight 30B-A3B model through the engine with CUDA graphs, and HF transformers' batch-1 output tok/s on the same shape.
 
-    PYTHONPATH=. python3 benchmarks_nb/gpu/i20.py OUT_DIR            # on the GPU
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/i20.py OUT_DIR --dry-run   # tiny shapes, CPU
+    PYTHONPATH=. python3 benchmarks_nb/gpu/moe_kernels.py OUT_DIR            # on the GPU
+    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/moe_kernels.py OUT_DIR --dry-run   # tiny shapes, CPU
 
-Writes OUT_DIR/i20.json and prints a table. Every part is guarded: a failure is recorded and the next part runs."""
+Writes OUT_DIR/moe_kernels.json and prints a table. Every part is guarded: a failure is recorded and the next part runs."""
 
 import os, sys, time
 
@@ -21,6 +21,7 @@ BUDGET_S = 80  # no part starts after this many seconds, unless it says (the who
 DEV = "cpu" if DRY else "cuda"
 DT = torch.float32 if DRY else torch.bfloat16
 import moe_engine
+import timing
 from common import run_info, sync, write_json
 from moe_engine import rel_err
 
@@ -28,7 +29,7 @@ SHAPE = moe_engine.expert_shape(DRY)
 TOKENS = (1, 3) if DRY else (1, 16, 64, 4096)
 out_dir = next((a for a in sys.argv[1:] if not a.startswith("--")), os.environ.get("OUT", "."))
 res = dict(
-    name="i20",
+    name="moe_kernels",
     dry_run=DRY,
     command=" ".join([sys.executable] + sys.argv),
     shape=SHAPE,
@@ -40,9 +41,7 @@ res = dict(
 
 def bench_ms(fn, reps=None):
     "Median ms: triton's do_bench on a GPU; wall clock of a few calls on the CPU."
-    if DEV == "cuda":
-        return triton.testing.do_bench(fn, warmup=10, rep=reps or 60, return_mode="median")
-    return moe_engine.cpu_ms(fn)
+    return timing.median_ms(fn, DEV == "cuda", rep=reps or 60)
 
 
 def graph_ms(fn, calls=10):
@@ -248,7 +247,7 @@ if "engine_tpot_batch1" in p and "hf_batch1" in p:
 if "workload1_litellama" in p:
     p["workload1"] = moe_engine.side_by_side(p)
 res["total_seconds"] = round(time.perf_counter() - T0, 1)
-path = write_json(res, out_dir, "i20.json")
+path = write_json(res, out_dir, "moe_kernels.json")
 
 print(f"\n{'part':<22} {'tokens':>6} {'impl':<11} {'ms':>9} {'graph ms':>9} {'TFLOP/s':>8} {'GB/s':>8} {'x loop':>7}")
 for r in p.get("kernels", []):

@@ -6,8 +6,8 @@ variant's correctness, printing the best per shape and a `W8A16_TUNED` / `W8A8_T
 kernels_nb/12_quant_gemm.ipynb; the decode-step linear time of a Qwen3-8B stack; weight memory; peak memory while
 quantizing at load (when litellama.layers.quant8 is in the tree). Every part is guarded; a global time guard skips what is left.
 
-    PYTHONPATH=. python3 benchmarks_nb/gpu/i18.py $OUT            # on the GPU: writes $OUT/i18.json
-    PYTHONPATH=. python3 benchmarks_nb/gpu/i18.py /tmp --dry-run  # on a CPU, tiny shapes, Triton interpreter
+    PYTHONPATH=. python3 benchmarks_nb/gpu/quant8_gemm.py $OUT            # on the GPU: writes $OUT/quant8_gemm.json
+    PYTHONPATH=. python3 benchmarks_nb/gpu/quant8_gemm.py /tmp --dry-run  # on a CPU, tiny shapes, Triton interpreter
 """
 
 import json, math, os, sys, time
@@ -593,9 +593,9 @@ def _():
 
 
 RES["total_seconds"] = round(time.time() - T0, 1)
-write_json(RES, OUT, "i18.json")
+write_json(RES, OUT, "quant8_gemm.json")
 print("\nsuggested tables for kernels_nb/12_quant_gemm.ipynb (W8A16_TUNED / W8A8_TUNED):")
 print(json.dumps(SUGGEST, indent=1))
 print(
-    f"\nwrote {OUT / 'i18.json'} in {RES['total_seconds']} s; errors: {list(RES['errors']) or 'none'}; skipped: {len(RES['skipped'])}"
+    f"\nwrote {OUT / 'quant8_gemm.json'} in {RES['total_seconds']} s; errors: {list(RES['errors']) or 'none'}; skipped: {len(RES['skipped'])}"
 )

@@ -5,8 +5,8 @@
 (c) time to first token for one 448x448 and one 1024x1024 image, decode tok/s at batch 1 and 32, vision-encoder time.
 Random weights (speed does not depend on their values). A global time guard skips what would not fit in 120 s.
 
-    PYTHONPATH=. python3 benchmarks_nb/gpu/vl24.py $OUT            # on the GPU: writes $OUT/vl24.json
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/vl24.py /tmp/out --dry-run   # tiny shapes on the CPU
+    PYTHONPATH=. python3 benchmarks_nb/gpu/qwen3_vl.py $OUT            # on the GPU: writes $OUT/qwen3_vl.json
+    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/qwen3_vl.py /tmp/out --dry-run   # tiny shapes on the CPU
 """
 
 import os, sys, time, traceback
@@ -57,7 +57,7 @@ def part(name, need_s=5):
 
 def save():
     RES["wall_seconds"] = round(time.perf_counter() - T_START, 1)
-    write_json(RES, OUT, "vl24.json")
+    write_json(RES, OUT, "qwen3_vl.json")
 
 
 RES.update(run_info(DRY), command=" ".join([sys.executable, *sys.argv]), shape=LIKE, dtype=str(DT))
@@ -399,7 +399,7 @@ def _():
 
 save()
 print(
-    f"\n{LIKE} on {RES['gpu']} ({RES['dtype']}), {RES['wall_seconds']} s, results in {os.path.join(OUT, 'vl24.json')}"
+    f"\n{LIKE} on {RES['gpu']} ({RES['dtype']}), {RES['wall_seconds']} s, results in {os.path.join(OUT, 'qwen3_vl.json')}"
 )
 for r in RES.get("a_processor", []):
     print("(a)", r)

@@ -3,8 +3,8 @@ kernel variant, a hash of its PTX code (debug sections cut off) and a hash of it
 compare the JSON files: the power-of-two head sizes must compile to the same code before and after a change.
 
   git archive <commit> litellama | tar -x -C /tmp/old
-  PYTHONPATH=/tmp/old python benchmarks_nb/gpu/i16_ptx.py /tmp/old.json ; PYTHONPATH=. python benchmarks_nb/gpu/i16_ptx.py new.json
-  DIMS=24,80,96,112,192 PYTHONPATH=. python benchmarks_nb/gpu/i16_ptx.py padded.json      # padded tiles compile
+  PYTHONPATH=/tmp/old python benchmarks_nb/gpu/attention_ptx.py /tmp/old.json ; PYTHONPATH=. python benchmarks_nb/gpu/attention_ptx.py new.json
+  DIMS=24,80,96,112,192 PYTHONPATH=. python benchmarks_nb/gpu/attention_ptx.py padded.json      # padded tiles compile
 """
 
 import hashlib, re, sys, os, json

@@ -4,8 +4,8 @@ them asking for `response_format` `json_schema` (the same prompts, the same requ
 alternate, then repeat in the other order. Checks that every structured answer that ended its grammar parses and follows
 the schema, and records /health latency while the server is loaded.
 
-    PYTHONPATH=. python3 benchmarks_nb/gpu/srv25.py $OUT              # on the GPU: writes $OUT/srv25.json
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/srv25.py /tmp/out --dry-run   # tiny shapes on the CPU
+    PYTHONPATH=. python3 benchmarks_nb/gpu/serving_structured.py $OUT              # on the GPU: writes $OUT/serving_structured.json
+    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/serving_structured.py /tmp/out --dry-run   # tiny shapes on the CPU
 
 The GPU image has no fastapi, uvicorn, pydantic, xgrammar, prometheus-client or httpx: they are installed first from the
 wheels in `.wheels/` (pip, no index), and the outcome is recorded.
@@ -18,7 +18,7 @@ T0 = time.perf_counter()
 GUARD_S = 118  # the whole script, however it goes
 DRY = "--dry-run" in sys.argv
 OUT = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), os.environ.get("OUT", ".")))
-NAME = "srv25"
+NAME = "serving_structured"
 LIKE = "tiny-qwen3" if DRY else "qwen3-0.6b"
 NUM_REQUESTS = 8 if DRY else 96
 PROMPT_LEN = 16 if DRY else 256
@@ -153,7 +153,7 @@ def _():
     if (
         r.returncode != 0
     ):  # e.g. an externally managed Python: every package (the list is complete) into a folder of its own
-        site = "/tmp/litellama-srv25-site"
+        site = "/tmp/litellama-serving-structured-site"
         r = subprocess.run(pip + ["--no-deps", "--target", site] + PKGS, capture_output=True, text=True, timeout=60)
         RES["install"].update(
             fallback=f"--no-deps --target {site}: " + ("ok" if r.returncode == 0 else f"failed with {r.returncode}"),
@@ -196,7 +196,7 @@ def _():
     global PROC, URL
     from litellama.testing.checkpoints import make_random_checkpoint
 
-    path = Path("/tmp/litellama-srv25") / LIKE
+    path = Path("/tmp/litellama-serving-structured") / LIKE
     t = time.perf_counter()
     if not (path / "config.json").exists():
         make_random_checkpoint(LIKE, path, dtype=torch.float32 if DRY else torch.bfloat16)

@@ -1,6 +1,6 @@
 """Any head size on the Triton kernels (issue 16), on one H200, kernels only.
 
-Run from the repository root:  PYTHONPATH=. python3 benchmarks_nb/gpu/i16.py $OUT   (or --dry-run: the CPU, tiny shapes)
+Run from the repository root:  PYTHONPATH=. python3 benchmarks_nb/gpu/head_sizes.py $OUT   (or --dry-run: the CPU, tiny shapes)
 
 1. the power-of-two path, head_dim 128 and 64, timed at shapes of `benchmarks_nb/results/kernels.json` (same op,
    backend, shape and dtype): each row carries that file's figure, measured at an earlier commit, for comparison;
@@ -8,7 +8,7 @@ Run from the repository root:  PYTHONPATH=. python3 benchmarks_nb/gpu/i16.py $OU
    power-of-two path) and 24, 80, 96, 112, 192, 256 (padded tiles);
 3. head sizes 80, 96, 112, 192, 256 (and 128, the peer) against the torch reference in the same run.
 Parts run in that order; once 70 s have passed the rest are skipped (and recorded as skipped).
-Writes `$OUT/i16.json` and prints a table. Every part is caught: a failure is recorded and the script goes on.
+Writes `$OUT/head_sizes.json` and prints a table. Every part is caught: a failure is recorded and the script goes on.
 """
 
 import datetime, json, os, platform, subprocess, sys, time, traceback
@@ -19,6 +19,8 @@ if DRY:
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined
 import torch
 import triton
+
+import timing
 
 from litellama.kernels import reference as ref
 from litellama.kernels import decode_attention as da, kv_store, prefill_attention as pa, rmsnorm, rope
@@ -33,15 +35,7 @@ ROWS, CHECKS, ERRORS = [], [], []
 
 def timer(fn):
     "Median ms: `triton.testing.do_bench` on the GPU, a few wall-clock runs in the dry run."
-    if DRY:
-        fn()
-        ts = []
-        for _ in range(1):
-            t = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t) * 1e3)
-        return sorted(ts)[len(ts) // 2]
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+    return timing.median_ms(fn, not DRY)
 
 
 def rel_err(a, b):
@@ -340,7 +334,7 @@ try:
 except Exception:
     tf = "not installed"
 out = dict(
-    script="benchmarks_nb/gpu/i16.py",
+    script="benchmarks_nb/gpu/head_sizes.py",
     command=" ".join(["python3"] + sys.argv),
     dry_run=DRY,
     environment=dict(
@@ -360,7 +354,7 @@ out = dict(
 )
 dest = Path(next((a for a in sys.argv[1:] if not a.startswith("--")), os.environ.get("OUT", ".")))
 dest.mkdir(parents=True, exist_ok=True)
-(dest / "i16.json").write_text(json.dumps(out, indent=1))
+(dest / "head_sizes.json").write_text(json.dumps(out, indent=1))
 
 print(f"{len(CHECKS)} checks, {sum(not c['ok'] for c in CHECKS)} failed; {len(ERRORS)} errors; {out['seconds']} s")
 for c in CHECKS:
@@ -376,4 +370,4 @@ for r in ROWS:
     )
 for e in ERRORS:
     print("ERROR", e["part"], e["error"])
-print("wrote", dest / "i16.json")
+print("wrote", dest / "head_sizes.json")

@@ -2,8 +2,8 @@
 Qwen3-8B-shaped model (its layer shapes; 4 layers, a 32k vocabulary) at tp 1 and 2, the all-reduce share of a decode step, ledger
 bytes of a decode step against (2L+1)*T*H*b, and data parallelism 1 vs 2 on a cut-down workload 2.
 
-    PYTHONPATH=. python3 benchmarks_nb/gpu/i21.py $OUT            # 2 GPUs
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/i21.py /tmp/out --dry-run   # CPU, gloo, tiny shapes
+    PYTHONPATH=. python3 benchmarks_nb/gpu/parallel.py $OUT            # 2 GPUs
+    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/parallel.py /tmp/out --dry-run   # CPU, gloo, tiny shapes
 """
 
 import datetime, json, os, subprocess, sys, tempfile, time, traceback
@@ -258,7 +258,7 @@ if __name__ == "__main__":
     for name, fn in PARTS:
         run_part(name, fn)
     os.makedirs(OUT, exist_ok=True)
-    path = os.path.join(OUT, "i21.json")
+    path = os.path.join(OUT, "parallel.json")
     with open(path, "w") as f:
         json.dump(RESULT, f, indent=1, default=str)
     print(f"\n{'part':<18} result")

@@ -2,8 +2,8 @@
 prefill logits, greedy tokens), vision-tower time, time to first token with one 336-px image, decode tok/s at batch 1
 and 32 with images. Random weights (speed does not depend on their values), built in GPU memory from the config.
 
-    PYTHONPATH=. python3 benchmarks_nb/gpu/i23.py $OUT            # on the GPU: writes $OUT/i23.json
-    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/i23.py /tmp/out --dry-run   # tiny shapes on the CPU
+    PYTHONPATH=. python3 benchmarks_nb/gpu/llava.py $OUT            # on the GPU: writes $OUT/llava.json
+    PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks_nb/gpu/llava.py /tmp/out --dry-run   # tiny shapes on the CPU
 """
 
 import os, sys, time
@@ -196,7 +196,7 @@ def _():
         RES.setdefault("decode_tok_s", {})[B] = decode_vs_hf(ours_run, hf_run, DECODE_TOKENS, eng)
 
 
-path = write_json(RES, OUT, "i23.json")
+path = write_json(RES, OUT, "llava.json")
 print(f"\n{LIKE} on {RES['gpu']} ({RES['dtype']}), results in {path}")
 print(
     f"features max|diff| {RES.get('features_max_abs_diff', float('nan')):.3g} (rel {RES.get('features_rel_diff', float('nan')):.3g}); "
