@@ -2,7 +2,7 @@
 
 Run from the repository root:  PYTHONPATH=. python3 benchmarks_nb/gpu/head_sizes.py $OUT   (or --dry-run: the CPU, tiny shapes)
 
-1. the power-of-two path, head_dim 128 and 64, timed at shapes of `benchmarks_nb/results/kernels.json` (same op,
+1. the power-of-two path, head_dim 128 and 64, timed at shapes of `benchmarks_nb/results/history/kernels.json` (same op,
    backend, shape and dtype): each row carries that file's figure, measured at an earlier commit, for comparison;
 2. correctness in bf16 (and an fp8 cache for decode) against the PyTorch references, at head sizes 64, 128 (the
    power-of-two path) and 24, 80, 96, 112, 192, 256 (padded tiles);
@@ -174,7 +174,7 @@ def time_norm_store(D, T, Hq, Hk, backends, group):
         add("store_kv_cache", b, f"{T}x{Hk}x{D}", D, timer(store[b]), nbytes=4 * T * Hk * D * e + T * 8, group=group)
 
 
-# 1. the power-of-two path at kernels.json's shapes (triton, and the reference where kernels.json has it)
+# 1. the power-of-two path at history/kernels.json's shapes (triton, and the reference where history/kernels.json has it)
 if DRY:
     POW2 = dict(decode=[(1, 64)], prefill=[(1, 32)], tokens=[16])
 else:
@@ -296,8 +296,8 @@ for D in ODD:
 
 # --- the record -----------------------------------------------------------------------------------------------------
 def earlier(r):
-    "kernels.json's figure for the same op, backend, shape and dtype (an earlier commit), if it has one."
-    p = Path("benchmarks_nb/results/kernels.json")
+    "history/kernels.json's figure for the same op, backend, shape and dtype (an earlier commit), if it has one."
+    p = Path("benchmarks_nb/results/history/kernels.json")
     if not p.exists():
         return None
     for x in json.loads(p.read_text()).get("rows", []):

@@ -587,7 +587,7 @@ def serving_suite(
     workdir="/tmp/litellama-bench",
     port=8731,
 ):
-    "Start `litellama serve` on a random checkpoint of shape `like`, load it at each rate, save `serving.json`."
+    "Start `litellama serve` on a random checkpoint of shape `like`, load it at each rate, save `history/serving.json`."
     from litellama.entrypoints.server import bench_serving
 
     proc = _serve(_random_model(like, workdir), port)
