@@ -14,6 +14,7 @@ __all__ = [
     "HF_CHILD",
     "LITELLAMA_CHILD",
     "VLLM_CHILD",
+    "MARK",
     "CHILDREN",
     "same_tokens",
     "row_jobs",
@@ -75,6 +76,7 @@ def protocol(generate, job):
                             tokens=toks if r == 0 else None))
     return out
 job = json.loads(sys.argv[1])
+MARK = "litellama-peer-result: "  # engines print their own logs to stdout: the result line is marked
 """
 
 # %% ../../benchmarks_nb/02_cpu_peers.ipynb #42ca5c4e
@@ -90,7 +92,7 @@ def generate(prompts, gen):
         out = m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen, min_new_tokens=gen,
                          do_sample=False, pad_token_id=0)
     return out[:, ids.shape[1]:].tolist()
-print(json.dumps(dict(engine="hf", version=transformers.__version__, runs=protocol(generate, job))))
+print(MARK + json.dumps(dict(engine="hf", version=transformers.__version__, runs=protocol(generate, job))))
 """
 )
 
@@ -108,7 +110,7 @@ llm = LLM(job["model"], dtype=job["dtype"], device="cpu", max_num_seqs=max(64, m
 def generate(prompts, gen):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True), use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
-print(json.dumps(dict(engine="litellama", version=litellama.__version__, runs=protocol(generate, job))))
+print(MARK + json.dumps(dict(engine="litellama", version=litellama.__version__, runs=protocol(generate, job))))
 """
 )
 
@@ -127,11 +129,12 @@ def generate(prompts, gen):
     sp = vllm.SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
-print(json.dumps(dict(engine="vllm", version=vllm.__version__, runs=protocol(generate, job))))
+print(MARK + json.dumps(dict(engine="vllm", version=vllm.__version__, runs=protocol(generate, job))))
 """
 )
 
-# %% ../../benchmarks_nb/02_cpu_peers.ipynb #0a844897
+# %% ../../benchmarks_nb/02_cpu_peers.ipynb #f4bb16f3
+MARK = "litellama-peer-result: "
 CHILDREN = {"litellama": LITELLAMA_CHILD, "hf": HF_CHILD, "vllm": VLLM_CHILD}
 
 
@@ -152,10 +155,10 @@ def run_child(engine: str, python: str, job: dict, env: dict | None = None) -> d
     "Run `engine`'s child under `python` with `job`; its JSON, or `{'error': ...}` naming how it failed."
     cmd = [python, "-c", CHILDREN[engine], json.dumps(job)]
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    last = r.stdout.strip().splitlines()[-1:] if r.stdout.strip() else []
-    if r.returncode != 0 or not last:
-        return dict(engine=engine, error=f"exit {r.returncode}: {r.stderr.strip()[-2000:]}")
-    return json.loads(last[0])
+    found = [ln for ln in r.stdout.splitlines() if ln.startswith(MARK)]
+    if r.returncode != 0 or not found:
+        return dict(engine=engine, error=f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[-2000:]}")
+    return json.loads(found[-1][len(MARK) :])
 
 
 # %% ../../benchmarks_nb/02_cpu_peers.ipynb #e99160f6

@@ -432,7 +432,8 @@ def allocator_facts(llm) -> dict:
     "Where the KV cache lives and how the allocator is laid out: what differs between two processes of one tree."
     runner = llm.engine.runner
     kv = runner.kv_cache
-    tensors = [t for t in (kv if isinstance(kv, (list, tuple)) else [kv]) if isinstance(t, torch.Tensor)]
+    parts = [getattr(kv, n, None) for n in ("k", "v")] if hasattr(kv, "k") else list(kv)
+    tensors = [t for p in parts for t in (p if isinstance(p, (list, tuple)) else [p]) if isinstance(t, torch.Tensor)]
     facts = dict(
         kv_cache_dtype=str(tensors[0].dtype) if tensors else UNKNOWN,
         kv_base_mod_2mib=[t.data_ptr() % (2 << 20) for t in tensors][:4],
@@ -492,10 +493,15 @@ class Offline(Suite):
         p.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8")
         p.add_argument("--processes", type=int, default=1, help="run in N fresh processes, one after another")
         p.add_argument("--diagnose", action="store_true", help="record allocator layout, graph sizes, step times")
+        p.add_argument(
+            "--kv-cache-memory", type=int, default=None, help="KV cache bytes: the same capacity in every process"
+        )
+        p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
         p.add_argument("--like", default="qwen3-0.6b")
 
     def results_for(self, a) -> str:
-        return "offline_fp8_kv" if a.kv_cache_dtype == "fp8" else "offline"
+        base = "offline_fp8_kv" if a.kv_cache_dtype == "fp8" else "offline"
+        return base + ("_diagnosis" if a.diagnose else "")
 
     def run(self, a, quick: bool) -> dict:
         if a.processes > 1:
@@ -504,7 +510,8 @@ class Offline(Suite):
         from litellama.sampling_params import SamplingParams
 
         path, opts = bench_model(quick, a.like)
-        llm = LLM(path, kv_cache_dtype=a.kv_cache_dtype, **opts)
+        fixed = dict(kv_cache_memory=a.kv_cache_memory) if a.kv_cache_memory else {}
+        llm = LLM(path, kv_cache_dtype=a.kv_cache_dtype, enforce_eager=a.enforce_eager, **fixed, **opts)
         n, lo, hi = (4, 4, 12) if quick else (256, 100, 1024)
         prompts, params = offline_requests(n, llm.engine.config.vocab_size, lo, hi)
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
