@@ -207,8 +207,8 @@ def workload1_ours(model, cfg, dev, dt, rows, tokens_per_step: int, may_start=la
 
 def hf_speed(cfg, dev, dt, prompt_len: int, gen: int, rows, hf_tokens: int, may_start=lambda batch: True) -> dict:
     """HF transformers on the same shape: batch-1 output tok/s over `gen` tokens (after a warm-up of the same length,
-    the fastest of three runs), then workload 1's rows with at most `hf_tokens` tokens each, each after a 2-token
-    warm-up of its own batch, those that `may_start`. HF's first calls of a shape are several times slower than its
+    the fastest of three runs), then workload 1's rows with the same tokens as litellama's, each after a warm-up at its own
+    shape and length, those that `may_start`. HF's first calls of a shape are several times slower than its
     later ones, so a warm-up shorter than the run flatters every speed-up over it."""
     from transformers import AutoModelForCausalLM
 
@@ -237,9 +237,9 @@ def hf_speed(cfg, dev, dt, prompt_len: int, gen: int, rows, hf_tokens: int, may_
             if not may_start(b):
                 w1.append(dict(batch=b, prompt=p, skipped="HF's time for workload 1 spent"))
                 continue
-            n_new = min(g, hf_tokens)
+            n_new = g  # the same number of tokens as litellama's row (`hf_tokens` no longer caps it: unequal counts are unfair)
             prompts = random_prompts(b, p, seed=b, vocab=min(10000, cfg.vocab_size))
-            hf_generate(hf, prompts, 2, b)  # warm up this batch shape
+            hf_generate(hf, prompts, n_new, b)  # warm up at the very shape and length that is timed
             n_h, t_h = hf_generate(hf, prompts, n_new, b)
             w1.append(dict(batch=b, prompt=p, generated=n_new, hf_tok_s=n_h / t_h, seconds=t_h))
             print("workload1 hf", w1[-1], flush=True)
