@@ -367,7 +367,7 @@ def cmd_vl_chat(a):
 
 
 # %% ../../nbs/16_cli.ipynb #2df7703c
-def _given_options(a) -> list:
+def _given_options(a: argparse.Namespace) -> list[str]:
     "The options of `a`'s suite that differ from their defaults, as command-line words: the record's command."
     words = []
     for act in a.suite_parser._actions:
@@ -379,7 +379,7 @@ def _given_options(a) -> list:
     return words
 
 
-def cmd_bench(a):
+def cmd_bench(a: argparse.Namespace) -> None:
     "List the suites, run one into its results file, compare two trees, or render the report."
     from litellama.benchmarks import suites
 
@@ -490,7 +490,7 @@ def _add_vl_chat(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #2bf27c89
-def _add_bench(sub):
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     from litellama.benchmarks import suites
 
     bn = sub.add_parser("bench", help="benchmark suites: one command, one results file each (--list names them)")
