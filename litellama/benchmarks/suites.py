@@ -799,4 +799,4 @@ def ab(
                 subprocess.run([sys.executable, "-c", CLI_CHILD, *argv], check=True, env=env, cwd=trees[side])
                 rec = json.loads(next(Path(d).glob("*.json")).read_text())
             runs.append(dict(round=r, side=side, tree=rec["tree"], runs=rec["runs"]))
-    return dict(suite=suite, trees={k: tree_state(v) for k, v in trees.items()}, ab_runs=runs)
+    return dict(compared_suite=suite, trees={k: tree_state(v) for k, v in trees.items()}, ab_runs=runs)

@@ -399,7 +399,9 @@ def cmd_bench(a: argparse.Namespace) -> None:
         import shlex
 
         res = suites.ab(a.tree_a, a.tree_b, a.ab_suite, a.rounds, shlex.split(a.args), a.quick)
-        cmd = f"litellama bench ab {a.tree_a} {a.tree_b} --suite {a.ab_suite} --rounds {a.rounds}"
+        cmd = (
+            f"litellama bench ab {a.tree_a} {a.tree_b} --suite {a.ab_suite} --rounds {a.rounds}" + " --quick" * a.quick
+        )
         rec = suites.make_record(
             f"ab {a.ab_suite}",
             cmd + (f" --args {shlex.quote(a.args)}" if a.args else ""),
