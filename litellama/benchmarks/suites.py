@@ -63,8 +63,6 @@ from abc import ABC, abstractmethod
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-
 from . import cpu_peers as peers
 from .cpu_peers import _median, same_tokens
 
@@ -150,6 +148,8 @@ def _nvidia_driver() -> str:
 # %% ../../benchmarks_nb/01_suites.ipynb #190ccfe0
 def device_info() -> dict:
     "The device a run used, its driver (`none (CPU)` on a CPU run), the CPU count and torch's thread count."
+    import torch
+
     if torch.cuda.is_available():
         dev, driver = torch.cuda.get_device_name(), f"NVIDIA {_nvidia_driver()}, CUDA {torch.version.cuda}"
     else:
@@ -277,6 +277,8 @@ def register(suite: Suite) -> Suite:
 # %% ../../benchmarks_nb/01_suites.ipynb #c3a8b4dc
 def bench_model(quick: bool, like: str = "qwen3-0.6b", workdir: str = "/tmp/litellama-bench") -> tuple[Path, dict]:
     "`(checkpoint directory, LLM options)`: a tiny float32 model on the CPU when `quick`, else `like` in bf16 on CUDA."
+    import torch
+
     from litellama.testing.checkpoints import make_random_checkpoint
 
     like = "tiny-qwen3" if quick else like
@@ -296,8 +298,10 @@ def random_token_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list
     return [[rng.randrange(min(vocab, 10000)) for _ in range(length)] for _ in range(n)]
 
 
-# %% ../../benchmarks_nb/01_suites.ipynb #931f9133
+# %% ../../benchmarks_nb/01_suites.ipynb #76997ef6
 def _sync() -> None:
+    import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -330,6 +334,8 @@ def ours_tokens(llm, prompts: list, gen: int) -> tuple[list, float]:
 # %% ../../benchmarks_nb/01_suites.ipynb #b9a1c37f
 def hf_tokens(model, prompts: list, gen: int, **generate_kw) -> tuple[list, float]:
     "Greedy HF `generate` of exactly `gen` tokens per prompt (left-padded batch): `(token ids per prompt, seconds)`."
+    import torch
+
     dev = next(model.parameters()).device
     L = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts], device=dev)
@@ -357,6 +363,7 @@ QUICK_ROWS = [(1, 8, 4), (4, 5, 4)]
 
 # %% ../../benchmarks_nb/01_suites.ipynb #4311ad3a
 def _hf_model(path: Path, opts: dict, static: bool):
+    import torch
     import transformers
 
     m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, opts["dtype"]))
@@ -431,6 +438,8 @@ register(VsHF())
 # %% ../../benchmarks_nb/01_suites.ipynb #0a5f8f92
 def allocator_facts(llm) -> dict:
     "Where the KV cache lives and how the allocator is laid out: what differs between two processes of one tree."
+    import torch
+
     runner = llm.engine.runner
     kv = runner.kv_cache
     parts = [getattr(kv, n, None) for n in ("k", "v")] if hasattr(kv, "k") else list(kv)
@@ -590,6 +599,8 @@ class Kernels(Suite):
         from litellama.benchmarks import harness
 
         if quick:
+            import torch
+
             from litellama.kernels import rmsnorm
 
             rows = rmsnorm.benchmark(device="cpu", tokens=(4,), hidden=(64,), dtypes=(torch.float32,), timer=wall_ms)
