@@ -28,9 +28,11 @@ $(VENV)/.dev: $(VENV)/.demo
 demo: $(VENV)/.demo
 	$(BIN)/litellama demo
 
-# The package is exactly what nbdev-export writes; README.md is generated from nbs/index.ipynb.
+# The package is exactly what nbdev-export writes; README.md is generated from nbs/index.ipynb, whose tables
+# `litellama bench report` renders from benchmarks_nb/results first.
 export: $(VENV)/.dev
 	$(BIN)/nbdev-export
+	$(BIN)/litellama bench report >/dev/null
 	$(BIN)/jupyter nbconvert --to markdown --stdout nbs/index.ipynb 2>/dev/null > README.md
 
 # Format the notebooks' code with the house rules, then export it.

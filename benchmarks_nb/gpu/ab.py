@@ -3,6 +3,8 @@ workload 2 (bf16 and fp8 KV cache) and batch-1 TPOT after a 128-token prompt, on
 with --kernels also each tree's kernel suite (`bench.kernel_suite()`), once.
 
     PYTHONPATH=. python3 benchmarks_nb/gpu/ab.py OUT NAME=TREE NAME=TREE [--rounds N] [--kernels]
+For trees that have `litellama bench`, `litellama bench ab TREE_A TREE_B --suite offline` does the same for any suite;
+this script stays for comparisons with trees from before it.
 """
 
 import json, os, subprocess, sys, time

@@ -7,7 +7,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -142,70 +141,9 @@ class Budget:
         return deco
 
 
-# ---------------------------------------------------------------- timers
+# ---------------------------------------------------------------- timers (benchmarks_nb/gpu/timing.py)
 
-
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn, reps: int = 5, warmup: int = 1) -> float:
-    "Median wall seconds of `fn()` (synchronised), after `warmup` calls."
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
-def eager_ms(fn, cuda: bool = True) -> float:
-    "Median milliseconds of `fn` by do_bench (host launch overhead included); one timed call on the CPU."
-    if not cuda:
-        fn()
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    return triton.testing.do_bench(fn, warmup=3, rep=10, return_mode="median")
-
-
-def graph_ms(fns, cuda: bool = True, calls: int = 20, replays: int = 5, cpu_warmup: bool = True) -> float:
-    """Milliseconds per call: `calls` calls cycling over `fns` (one per weight copy) in one CUDA graph, median over
-    `replays`; on the CPU one timed call (after an untimed one, unless `cpu_warmup` is false)."""
-    if not cuda:
-        if cpu_warmup:
-            fns[0]()
-        t = time.perf_counter()
-        fns[0]()
-        return (time.perf_counter() - t) * 1e3
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns[:2]:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    sync()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    g.replay()
-    sync()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / calls)
-    del g
-    return sorted(ts)[len(ts) // 2]
+from timing import eager_ms, graph_ms, sync, timed  # noqa: E402,F401  (the scripts import them from here too)
 
 
 def copies_for(nbytes: int, cuda: bool = True, total: int = 256 << 20) -> int:

@@ -1,4 +1,4 @@
-"""What the Qwen3-MoE GPU scripts (`i20.py`, `moe.py`) share: their expert shapes, weights and router inputs, timers,
+"""What the Qwen3-MoE GPU scripts (`moe_kernels.py`, `moe.py`) share: their expert shapes, weights and router inputs, timers,
 guarded parts that keep their results and free memory after each; and the whole-model half: batch-1 TPOT through the
 engine with the kernels of 8 decode steps by group, workload 1 through the engine, HF transformers' batch 1 and
 workload 1 on the same random-weight shape, and the two side by side. Each script passes its device, dtype and time
@@ -8,6 +8,8 @@ import gc
 import time
 
 import torch
+
+import timing
 from common import batch1_tpot, guarded
 
 # ---------------------------------------------------------------- the kernel half: shapes, weights, timers, parts
@@ -38,23 +40,9 @@ def rel_err(a, b):
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
 
 
-def cpu_ms(fn):
-    "The median wall ms of three calls: the CPU dry run's stand-in for the GPU timers."
-    ts = []
-    for _ in range(3):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return sorted(ts)[1]
-
-
 def graph_ms(fn, dev, calls=10):
-    "Ms per call of `fn` replayed from one CUDA graph of `calls` calls; `cpu_ms` on the CPU."
-    if dev != "cuda":
-        return cpu_ms(fn)
-    from litellama.kernels.tuned import graph_ms as g
-
-    return g(fn, calls=calls)
+    "Ms per call of `fn` replayed from one CUDA graph of `calls` calls; the median of three wall-clock calls on the CPU."
+    return timing.graph_call_ms(fn, dev == "cuda", calls)
 
 
 def free(dev):
@@ -219,8 +207,8 @@ def workload1_ours(model, cfg, dev, dt, rows, tokens_per_step: int, may_start=la
 
 def hf_speed(cfg, dev, dt, prompt_len: int, gen: int, rows, hf_tokens: int, may_start=lambda batch: True) -> dict:
     """HF transformers on the same shape: batch-1 output tok/s over `gen` tokens (after a warm-up of the same length,
-    the fastest of three runs), then workload 1's rows with at most `hf_tokens` tokens each, each after a 2-token
-    warm-up of its own batch, those that `may_start`. HF's first calls of a shape are several times slower than its
+    the fastest of three runs), then workload 1's rows with the same tokens as litellama's, each after a warm-up at its own
+    shape and length, those that `may_start`. HF's first calls of a shape are several times slower than its
     later ones, so a warm-up shorter than the run flatters every speed-up over it."""
     from transformers import AutoModelForCausalLM
 
@@ -249,9 +237,9 @@ def hf_speed(cfg, dev, dt, prompt_len: int, gen: int, rows, hf_tokens: int, may_
             if not may_start(b):
                 w1.append(dict(batch=b, prompt=p, skipped="HF's time for workload 1 spent"))
                 continue
-            n_new = min(g, hf_tokens)
+            n_new = g  # the same number of tokens as litellama's row (`hf_tokens` no longer caps it: unequal counts are unfair)
             prompts = random_prompts(b, p, seed=b, vocab=min(10000, cfg.vocab_size))
-            hf_generate(hf, prompts, 2, b)  # warm up this batch shape
+            hf_generate(hf, prompts, n_new, b)  # warm up at the very shape and length that is timed
             n_h, t_h = hf_generate(hf, prompts, n_new, b)
             w1.append(dict(batch=b, prompt=p, generated=n_new, hf_tok_s=n_h / t_h, seconds=t_h))
             print("workload1 hf", w1[-1], flush=True)

@@ -224,11 +224,11 @@ def workload1(llm, hf, rows=W1_ROWS, hf_max_seconds: float = 600) -> list:
     res = []
     for b, p, g in rows:
         prompts = random_prompts(b, p, seed=b)
-        ours_generate(llm, prompts[:1], 4)
+        ours_generate(llm, prompts, g)  # warm-up at the timed shape and length
         n_o, t_o = ours_generate(llm, prompts, g)
         row = dict(batch=b, prompt=p, generated=g, litellama_tok_s=n_o / t_o)
         if hf is not None:
-            hf_generate(hf, prompts[:1], 2, 1)
+            hf_generate(hf, prompts, g, b)  # the same warm-up for HF
             n_h, t_h = hf_generate(hf, prompts, g, b)
             row.update(hf_tok_s=n_h / t_h, speedup=(n_o / t_o) / (n_h / t_h))
         res.append(row)
@@ -587,7 +587,7 @@ def serving_suite(
     workdir="/tmp/litellama-bench",
     port=8731,
 ):
-    "Start `litellama serve` on a random checkpoint of shape `like`, load it at each rate, save `serving.json`."
+    "Start `litellama serve` on a random checkpoint of shape `like`, load it at each rate, save `history/serving.json`."
     from litellama.benchmarks.load_client import bench_serving
 
     proc = _serve(_random_model(like, workdir), port)

@@ -373,16 +373,55 @@ def cmd_vl_chat(a):
 
 
 # %% ../../nbs/16_cli.ipynb #2df7703c
-def cmd_bench(a):
-    "Run a benchmark suite and save its results JSON."
-    from litellama.benchmarks import harness as bench
+def _given_options(a: argparse.Namespace) -> list[str]:
+    "The options of `a`'s suite that differ from their defaults, as command-line words: the record's command."
+    words = []
+    for act in a.suite_parser._actions:
+        if not act.option_strings or act.dest in ("help", "out"):
+            continue
+        v = getattr(a, act.dest, act.default)
+        if v != act.default:
+            words += [act.option_strings[-1]] + ([] if isinstance(v, bool) else [str(v)])
+    return words
 
-    e = EngineArgs.from_cli_args(a)
-    out = a.out or bench.RESULTS
-    if a.suite == "cpu":
-        print(bench.save_results("cpu_vs_hf", bench.cpu_vs_hf(e.model), out))
-    else:
-        bench.gpu_suite(out, like=a.like, parts=tuple(a.parts.split(",")), kv_cache_dtype=e.kv_cache_dtype)
+
+def cmd_bench(a: argparse.Namespace) -> None:
+    "List the suites, run one into its results file, compare two trees, or render the report."
+    from litellama.benchmarks import suites
+
+    if a.list or a.suite is None:
+        for name in suites.suite_names():
+            s = suites.SUITES[name]
+            print(f"{name:19s} {'GPU' if s.gpu else 'CPU'}  {s.results + '.json':24s} {s.measures}")
+        print(f"{'ab':19s}      history             two trees, alternating fresh processes of one suite")
+        print(f"{'report':19s}      README.md           the README's and notebooks' tables from the results files")
+        return
+    if a.suite == "report":
+        from litellama.benchmarks import report
+
+        sys.exit(report.main(check=a.check))
+    out = Path(a.out or "litellama-bench-results")
+    if a.suite == "ab":
+        import shlex
+
+        res = suites.ab(a.tree_a, a.tree_b, a.ab_suite, a.rounds, shlex.split(a.args), a.quick)
+        cmd = (
+            f"litellama bench ab {a.tree_a} {a.tree_b} --suite {a.ab_suite} --rounds {a.rounds}" + " --quick" * a.quick
+        )
+        rec = suites.make_record(
+            f"ab {a.ab_suite}",
+            cmd + (f" --args {shlex.quote(a.args)}" if a.args else ""),
+            res.pop("ab_runs"),
+            quick=a.quick,
+            **res,
+        )
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{suites.SUITES[a.ab_suite].results}_ab.json"
+        path.write_text(json.dumps(rec, indent=1, default=str) + "\n")
+        print(path)
+        return
+    a.suite_argv = [a.suite, *_given_options(a)]
+    print(suites.run_suite(a.suite, a, out, quick=a.quick))
 
 
 # %% ../../nbs/16_cli.ipynb #1d3cea8e
@@ -464,14 +503,30 @@ def _add_vl_chat(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #2bf27c89
-def _add_bench(sub):
-    bn = sub.add_parser("bench", help="benchmarks vs HF transformers, results saved as JSON")
-    bn.add_argument("--suite", choices=["cpu", "gpu"], default="cpu")
-    EngineArgs.add_cli_args(bn, only=("model", "kv_cache_dtype"))
-    bn.add_argument("--like", default="qwen3-0.6b")
-    bn.add_argument("--parts", default="kernels,w1,w3,w2")
-    bn.add_argument("--out", default=None)
-    bn.set_defaults(fn=cmd_bench)
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from litellama.benchmarks import suites
+
+    bn = sub.add_parser("bench", help="benchmark suites: one command, one results file each (--list names them)")
+    bn.add_argument("--list", action="store_true", help="name every suite and what it measures")
+    bn.set_defaults(fn=cmd_bench, suite=None)
+    ss = bn.add_subparsers(dest="suite")
+    for name in suites.suite_names():
+        s = suites.SUITES[name]
+        sp = ss.add_parser(name, help=s.measures)
+        sp.add_argument("--quick", action="store_true", help="a tiny model on the CPU: checks the suite, not the speed")
+        sp.add_argument("--out", default=None, help="folder of the results file (default ./litellama-bench-results)")
+        s.add_args(sp)
+        sp.set_defaults(suite_parser=sp)
+    ab = ss.add_parser("ab", help="one suite on two trees, alternating fresh processes")
+    ab.add_argument("tree_a")
+    ab.add_argument("tree_b")
+    ab.add_argument("--suite", dest="ab_suite", required=True, choices=suites.suite_names())
+    ab.add_argument("--rounds", type=int, default=2)
+    ab.add_argument("--args", default="", help="the suite's own options, quoted as one string")
+    ab.add_argument("--quick", action="store_true")
+    ab.add_argument("--out", default=None)
+    rp = ss.add_parser("report", help="render the README's benchmark tables from the results files")
+    rp.add_argument("--check", action="store_true", help="compare only; exit 1 when the README differs")
 
 
 # %% ../../nbs/16_cli.ipynb #c605360a
