@@ -15,6 +15,7 @@ from ..kernels.registry import ops
 from ..kernels.w4a16 import awq_unpack, gptq_unpack, to_kernel_layout
 from ..utils import patch
 from .base import LinearMethod, QuantConfig, copy_shard
+from .quant8 import checkpoint_quantized, stored_tensors
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #6a29ac71
@@ -40,8 +41,9 @@ class AWQConfig(QuantConfig):
 
     name = "awq"
 
-    def __init__(self, group_size: int = 128, modules_to_not_convert=None):
+    def __init__(self, group_size: int = 128, modules_to_not_convert=None, tensors=None):
         self.group_size, self.modules_to_not_convert = group_size, list(modules_to_not_convert or [])
+        self.tensors = tensors  # the checkpoint's tensor names, which decide what is quantized
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #56a7aa33
@@ -53,13 +55,19 @@ def from_hf(cls: AWQConfig, qc: dict, model_dir=None):
     version = str(qc.get("version") or qc.get("format") or "gemm").lower()
     if version != "gemm":
         raise ValueError(f"AWQ version '{version}' is not supported; only 'gemm' checkpoints load")
-    return cls(_group_size(qc, "group_size", "q_group_size"), qc.get("modules_to_not_convert"))
+    return cls(
+        _group_size(qc, "group_size", "q_group_size"), qc.get("modules_to_not_convert"), stored_tensors(model_dir)
+    )
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #5dbe9fb4
 @patch
 def method_for(self: AWQConfig, layer, prefix):
-    if prefix.endswith("lm_head") or self.skipped(prefix, self.modules_to_not_convert):
+    "Quantized where the checkpoint stores `qweight` (without tensors to look at: every layer but the LM head)."
+    if self.tensors is None and prefix.endswith("lm_head"):
+        return None
+    listed = self.skipped(prefix, self.modules_to_not_convert)
+    if not checkpoint_quantized(self.tensors, self.checkpoint_names(prefix), ("qweight",), listed):
         return None
     return AWQLinearMethod(self)
 
@@ -72,7 +80,13 @@ class GPTQConfig(QuantConfig):
     name = "gptq"
 
     def __init__(
-        self, group_size: int = 128, version: int = 1, desc_act: bool = False, sym: bool = True, lm_head: bool = False
+        self,
+        group_size: int = 128,
+        version: int = 1,
+        desc_act: bool = False,
+        sym: bool = True,
+        lm_head: bool = False,
+        tensors=None,
     ):
         self.group_size, self.version, self.desc_act, self.sym, self.lm_head = (
             group_size,
@@ -81,12 +95,15 @@ class GPTQConfig(QuantConfig):
             sym,
             lm_head,
         )
+        self.tensors = tensors
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #caced713
 @patch
 def method_for(self: GPTQConfig, layer, prefix):  # noqa: F811 - patched onto the class
-    if prefix.endswith("lm_head") and not self.lm_head:
+    "Quantized where the checkpoint stores `qweight`; `lm_head: false` keeps the head 16-bit."
+    listed = prefix.endswith("lm_head") and not self.lm_head
+    if not checkpoint_quantized(self.tensors, self.checkpoint_names(prefix), ("qweight",), listed, "lm_head: false"):
         return None
     return GPTQLinearMethod(self)
 
@@ -104,6 +121,7 @@ def from_hf(cls: GPTQConfig, qc: dict, model_dir=None):  # noqa: F811 - patched 
         bool(qc.get("desc_act", False)),
         bool(qc.get("sym", True)),
         bool(qc.get("lm_head", False)),
+        stored_tensors(model_dir),
     )
 
 

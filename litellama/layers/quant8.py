@@ -7,18 +7,24 @@ Docs: https://litellama.github.io/litellama/nbs/quant8.html.md"""
 # %% auto #0
 __all__ = [
     "W8A8_MIN_TOKENS",
+    "SIXTEEN_BIT",
     "CT_FORMATS",
     "quantize_per_channel",
     "fp8_tensor_cores",
     "RuntimeW8",
     "Int8Config",
     "CheckpointW8",
+    "stored_tensors",
+    "checkpoint_quantized",
     "Fp8Config",
     "CompressedTensorsConfig",
     "fp8_block_quantize",
 ]
 
 # %% ../../nbs/20_quant8.ipynb #a9d2da21
+import json
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -272,16 +278,71 @@ def apply_silu_mul(self: CheckpointW8, layer, x, bias=None):  # noqa: F811 - pat
     return self.apply(layer, x, bias, gated=True)
 
 
+# %% ../../nbs/20_quant8.ipynb #ckd00002
+def stored_tensors(model_dir) -> dict[str, str] | None:
+    """`{tensor name: safetensors dtype ('BF16', 'F8_E4M3', 'I32', ...)}` from the headers of the checkpoint in
+    `model_dir`; None where it has no safetensors (then the config alone decides)."""
+    if model_dir is None:
+        return None
+    d = Path(model_dir)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted({d / n for n in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(d.glob("*.safetensors"))
+    if not files:
+        return None
+    names = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        names.update({k: v["dtype"] for k, v in header.items() if k != "__metadata__"})
+    return names
+
+
+# %% ../../nbs/20_quant8.ipynb #ckd00003
+SIXTEEN_BIT = ("F32", "F16", "BF16")  # the dtypes of a weight left unquantized
+
+
+def checkpoint_quantized(
+    tensors: dict[str, str] | None, names: list[str], marks: tuple, listed: bool, field: str = "modules_to_not_convert"
+) -> bool:
+    """Is the layer whose checkpoint parts are `names` stored quantized (each part has a `marks` tensor)? `listed`:
+    the config keeps it 16-bit (by `field`). With no tensors known, the config alone decides."""
+    if tensors is None:
+        return not listed
+    has = {n: any(f"{n}.{m}" in tensors for m in marks) for n in names}
+    if all(has.values()):
+        if listed:
+            raise ValueError(
+                f"tensor '{names[0]}.{marks[0]}': {field} keeps '{names[0]}' in 16 bits but the checkpoint stores it "
+                "quantized"
+            )
+        return True
+    if any(has.values()):
+        part = next(n for n in names if not has[n])
+        done = next(n for n in names if has[n])
+        raise ValueError(
+            f"tensor '{part}.{marks[0]}' is missing while '{done}.{marks[0]}' of the same fused layer is there"
+        )
+    for n in names:
+        dt = tensors.get(f"{n}.weight")
+        if dt is not None and dt not in SIXTEEN_BIT:
+            raise ValueError(f"tensor '{n}.weight' is {dt} but the checkpoint has no '{n}.{marks[0]}' to scale it")
+    return False
+
+
 # %% ../../nbs/20_quant8.ipynb #eac5bb67
 class Fp8Config(QuantConfig):
     """`quantization='fp8'` (runtime: per-channel e4m3 weights, W8A16; W8A8 with per-token fp8 activations on sm_89+),
-    or a `quant_method: "fp8"` checkpoint (block scales `weight_block_size`, or per-tensor), `modules_to_not_convert`
-    kept 16-bit."""
+    or a `quant_method: "fp8"` checkpoint (block scales `weight_block_size`, or per-tensor), whose tensors decide
+    which layers are quantized (`modules_to_not_convert` checked against them)."""
 
     name = "fp8"
 
-    def __init__(self, checkpoint=False, block=None, activations="dynamic", ignore=()):
+    def __init__(self, checkpoint=False, block=None, activations="dynamic", ignore=(), tensors=None):
         self.checkpoint, self.block, self.activations, self.ignore = checkpoint, block, activations, list(ignore or ())
+        self.tensors = tensors
 
 
 # %% ../../nbs/20_quant8.ipynb #dbd5914a
@@ -295,11 +356,12 @@ def for_runtime(cls: Fp8Config, name):  # noqa: F811 - patched onto the class
 def method_for(self: Fp8Config, layer, prefix):  # noqa: F811 - patched onto the class
     if not self.checkpoint:
         return RuntimeW8(torch.float8_e4m3fn, w8a8=prefix != "lm_head")  # the head: W8A16
-    if self.skipped(prefix, self.ignore):
+    scale = "weight_scale_inv" if self.block else "weight_scale"
+    if not checkpoint_quantized(
+        self.tensors, self.checkpoint_names(prefix), (scale,), self.skipped(prefix, self.ignore)
+    ):
         return None
-    return CheckpointW8(
-        torch.float8_e4m3fn, self.block, self.activations, "weight_scale_inv" if self.block else "weight_scale"
-    )
+    return CheckpointW8(torch.float8_e4m3fn, self.block, self.activations, scale)
 
 
 # %% ../../nbs/20_quant8.ipynb #17195ad2
@@ -316,7 +378,8 @@ def from_hf(cls: Fp8Config, qc, model_dir=None):  # noqa: F811 - patched onto th
         )
     if qc.get("fmt", "e4m3") != "e4m3":
         raise ValueError(f"fp8 format '{qc.get('fmt')}' is not supported (e4m3 only)")
-    return cls(True, block, act, qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ())
+    ignore = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
+    return cls(True, block, act, ignore, stored_tensors(model_dir))
 
 
 # %% ../../nbs/20_quant8.ipynb #3c2f4fdf
