@@ -8,7 +8,6 @@ Docs: https://litellama.github.io/litellama/nbs/quant8.html.md"""
 __all__ = [
     "W8A8_MIN_TOKENS",
     "SIXTEEN_BIT",
-    "CT_FORMATS",
     "quantize_per_channel",
     "fp8_tensor_cores",
     "RuntimeW8",
@@ -17,7 +16,6 @@ __all__ = [
     "stored_tensors",
     "checkpoint_quantized",
     "Fp8Config",
-    "CompressedTensorsConfig",
     "fp8_block_quantize",
 ]
 
@@ -380,89 +378,6 @@ def from_hf(cls: Fp8Config, qc, model_dir=None):  # noqa: F811 - patched onto th
         raise ValueError(f"fp8 format '{qc.get('fmt')}' is not supported (e4m3 only)")
     ignore = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
     return cls(True, block, act, ignore, stored_tensors(model_dir))
-
-
-# %% ../../nbs/20_quant8.ipynb #3c2f4fdf
-CT_FORMATS = ("int-quantized", "float-quantized", "naive-quantized")
-
-
-# %% ../../nbs/20_quant8.ipynb #b2d15fee
-def _ct_scheme(group: dict) -> tuple:
-    "`(qdtype, activations)` of one compressed-tensors config group, or ValueError naming what is unsupported."
-    w, a = group.get("weights") or {}, group.get("input_activations")
-    kind = {"int": torch.int8, "float": torch.float8_e4m3fn}.get(w.get("type"))
-    if (
-        w.get("num_bits") != 8
-        or kind is None
-        or not w.get("symmetric", True)
-        or w.get("strategy") not in ("channel", "tensor")
-    ):
-        raise ValueError(
-            f"compressed-tensors weights {{num_bits: {w.get('num_bits')}, type: {w.get('type')}, "
-            f"strategy: {w.get('strategy')}, "
-            f"symmetric: {w.get('symmetric')}}} are not supported: 8-bit symmetric int or float, per channel or tensor"
-        )
-    if not a:
-        return kind, None
-    if a.get("num_bits") != 8 or a.get("type") != w.get("type") or not a.get("symmetric", True):
-        raise ValueError(
-            f"compressed-tensors input_activations {a} are not supported: 8-bit symmetric, same type as the weights"
-        )
-    if a.get("dynamic") is True and a.get("strategy") == "token":
-        return kind, "dynamic"
-    if a.get("dynamic") is False and a.get("strategy") == "tensor":
-        return kind, "static"
-    raise ValueError(
-        f"compressed-tensors activations dynamic={a.get('dynamic')} strategy={a.get('strategy')} are not supported: "
-        "dynamic per token or static per tensor"
-    )
-
-
-# %% ../../nbs/20_quant8.ipynb #0c4b70ab
-class CompressedTensorsConfig(QuantConfig):
-    "A compressed-tensors checkpoint in an 8-bit format (`int-quantized` W8A8/W8A16, `float-quantized` FP8)."
-
-    name = "compressed-tensors"
-
-    def __init__(self, qdtype, activations, ignore=()):
-        self.qdtype, self.activations, self.ignore = qdtype, activations, list(ignore or ())
-
-
-# %% ../../nbs/20_quant8.ipynb #8c69824c
-@patch(cls_method=True)
-def for_runtime(cls: CompressedTensorsConfig, name):  # noqa: F811 - patched onto the class
-    raise ValueError(
-        "'compressed-tensors' is a checkpoint format; to quantize at load use quantization='int8' or 'fp8'"
-    )
-
-
-# %% ../../nbs/20_quant8.ipynb #7599c54e
-@patch
-def method_for(self: CompressedTensorsConfig, layer, prefix):  # noqa: F811 - patched onto the class
-    if self.skipped(prefix, self.ignore):
-        return None
-    return CheckpointW8(self.qdtype, None, self.activations, "weight_scale")
-
-
-# %% ../../nbs/20_quant8.ipynb #d76cf9f8
-@patch(cls_method=True)
-def from_hf(cls: CompressedTensorsConfig, qc, model_dir=None):  # noqa: F811 - patched onto the class
-    fmt = qc.get("format")
-    if fmt not in CT_FORMATS:
-        raise ValueError(
-            f"compressed-tensors format '{fmt}' is not supported; supported: {', '.join(CT_FORMATS)} (8-bit weights)"
-        )
-    groups = list((qc.get("config_groups") or {}).values())
-    if not groups:
-        raise ValueError("compressed-tensors quantization_config has no config_groups")
-    schemes = {_ct_scheme(g) for g in groups}
-    targets = {t for g in groups for t in g.get("targets", [])}
-    if len(schemes) != 1 or not targets <= {"Linear"}:
-        raise ValueError(
-            f"compressed-tensors with several schemes or targets other than Linear ({sorted(targets)}) is not supported"
-        )
-    ((qdtype, act),) = schemes
-    return cls(qdtype, act, qc.get("ignore") or ())
 
 
 # %% ../../nbs/20_quant8.ipynb #0d5d17dc
