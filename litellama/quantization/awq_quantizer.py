@@ -27,6 +27,7 @@ __all__ = [
     "quantize",
     "quantize_rtn",
     "quantize_awq",
+    "awq_to_compressed_tensors",
     "perplexity",
 ]
 
@@ -343,6 +344,29 @@ def quantize_rtn(model_dir, out_dir, bits=4, group_size=128, calibration=None, f
 def quantize_awq(model_dir, out_dir, bits=4, group_size=128, calibration=None, format="awq"):
     "The `awq` entry of the CLI's `QUANTIZERS`."
     return quantize(model_dir, out_dir, "awq", bits, group_size, calibration, fmt=format)
+
+
+# %% ../../nbs/23_awq_quantizer.ipynb #q4fmt008
+def awq_to_compressed_tensors(awq_dir, out_dir) -> Path:
+    "Rewrite the AWQ `gemm` checkpoint in `awq_dir` as compressed-tensors `pack-quantized` in `out_dir`, code for code."
+    from safetensors.torch import load_file, save_file
+
+    from litellama.kernels.w4a16 import awq_unpack
+
+    src, out = Path(awq_dir), Path(out_dir)
+    cfg = json.loads((src / "config.json").read_text())
+    qc = cfg.get("quantization_config") or {}
+    if qc.get("quant_method") != "awq":
+        raise ValueError(f"{src} is not an AWQ checkpoint (quant_method {qc.get('quant_method')!r})")
+    sd = load_file(str(src / "model.safetensors"))
+    for name in [k.removesuffix(".qweight") for k in sd if k.endswith(".qweight")]:
+        codes, zeros = awq_unpack(sd.pop(f"{name}.qweight"), sd.pop(f"{name}.qzeros"))
+        sd.update({f"{name}.{k}": v for k, v in ct_tensors(codes, zeros, sd.pop(f"{name}.scales")).items()})
+    shutil.copytree(src, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors"))
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg["quantization_config"] = quantization_config("compressed-tensors", int(qc["group_size"]))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
 
 
 # %% ../../nbs/23_awq_quantizer.ipynb #60e08853
