@@ -18,6 +18,7 @@ __all__ = [
 
 # %% ../../nbs/20a_compressed_tensors.ipynb #ct000002
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ from torch import nn
 from ..kernels.registry import ops
 from ..kernels.w4a16 import to_kernel_layout
 from .base import LinearMethod, QuantConfig, copy_shard
-from .quant8 import CheckpointW8, checkpoint_quantized, stored_tensors
+from .quant8 import CheckpointW8, Layer, checkpoint_quantized, stored_tensors
 
 
 # %% ../../nbs/20a_compressed_tensors.ipynb #ct000005
@@ -90,7 +91,7 @@ def ct_scheme(group: dict, fmt: str | None = None, where: str = "config_groups")
         raise ValueError(
             f"compressed-tensors {where} format '{fmt}' is not supported; supported: {', '.join(CT_FORMATS)}"
         )
-    kind, bits = w.get("type"), w.get("num_bits")
+    kind, bits = w.get("type"), int(w.get("num_bits") or 0)
     if (
         (kind, bits) not in (("int", 4), ("int", 8), ("float", 8))
         or (fmt == "pack-quantized" and kind != "int")
@@ -116,11 +117,11 @@ def ct_scheme(group: dict, fmt: str | None = None, where: str = "config_groups")
     symmetric = w.get("symmetric", True) is not False
     if not symmetric and bits != 4:
         raise ValueError(f"compressed-tensors {where}.weights.symmetric false: only 4-bit weights may have zero points")
-    actorder = w.get("actorder")
-    actorder = "group" if actorder is True else (actorder or None)
-    if actorder not in (None, "weight", "group", "static", "dynamic"):
-        raise ValueError(f"compressed-tensors {where}.weights.actorder '{actorder}' is not supported")
-    actorder = {"static": "weight", "dynamic": "group"}.get(actorder, actorder)
+    given = w.get("actorder")
+    if given not in (None, False, True, "weight", "group", "static", "dynamic"):
+        raise ValueError(f"compressed-tensors {where}.weights.actorder '{given}' is not supported")
+    names = {True: "group", "dynamic": "group", "group": "group", "weight": "weight", "static": "weight"}
+    actorder = names.get(given) if given else None  # older files: true and 'dynamic' are groups, 'static' is 'weight'
     if actorder == "group" and (bits != 4 or strategy != "group"):
         raise ValueError(
             f"compressed-tensors {where}.weights.actorder 'group' with {bits}-bit {strategy} weights is not supported: "
@@ -147,7 +148,7 @@ def ct_scheme(group: dict, fmt: str | None = None, where: str = "config_groups")
 
 
 # %% ../../nbs/20a_compressed_tensors.ipynb #ct000016
-def _check_shape(layer: nn.Module, tensor: torch.Tensor, shard) -> None:
+def _check_shape(layer: Layer, tensor: torch.Tensor, shard: Any) -> None:
     "A stored `weight_shape` must be the part's `[rows, in]`."
     rows = layer.shards[shard][1]
     if [int(v) for v in tensor.reshape(-1).tolist()] != [rows, layer.in_features]:
@@ -155,7 +156,7 @@ def _check_shape(layer: nn.Module, tensor: torch.Tensor, shard) -> None:
 
 
 # %% ../../nbs/20a_compressed_tensors.ipynb #ct000017
-def _load_g_idx(layer: nn.Module, tensor: torch.Tensor, shard) -> None:
+def _load_g_idx(layer: Layer, tensor: torch.Tensor, shard: Any) -> None:
     "The shared input order of a fused layer: the first part's `weight_g_idx`, the others checked against it."
     if tuple(tensor.shape) != (layer.in_features,):
         raise ValueError(f"shape {tuple(tensor.shape)} does not fit ({layer.in_features},)")
@@ -177,7 +178,7 @@ class PackedW4(LinearMethod):
     def __init__(self, scheme: CTScheme):
         self.scheme = scheme
 
-    def _groups(self, layer: nn.Module) -> int:
+    def _groups(self, layer: Layer) -> int:
         K, g = layer.in_features, self.scheme.group_size or layer.in_features
         if K % g or K % 32:
             raise ValueError(f"{layer.prefix}: {K} input features do not split into groups of {g} and runs of 32")
@@ -185,7 +186,7 @@ class PackedW4(LinearMethod):
             raise ValueError(f"{layer.prefix}: packed zero points need output sizes that are multiples of 8")
         return K // g
 
-    def create_weights(self, layer: nn.Module, dtype: torch.dtype | None, device) -> None:
+    def create_weights(self, layer: Layer, dtype: torch.dtype | None, device: Any) -> None:
         N, K, G = layer.out_features, layer.in_features, self._groups(layer)
 
         def param(name: str, shape: tuple, dt: torch.dtype) -> None:
@@ -202,13 +203,13 @@ class PackedW4(LinearMethod):
             layer._g_idx_from = None
         layer.register_buffer("weight_shape", torch.tensor([N, K], device=device), persistent=False)
 
-    def expected(self, layer: nn.Module, param_name: str) -> list:
+    def expected(self, layer: Layer, param_name: str) -> list:
         need = ("weight_packed", "weight_scale", "weight_zero_point") + (
             ("weight_g_idx",) if self.scheme.actorder == "group" else ()
         )
         return list(layer.shards) if param_name in need else []
 
-    def load(self, layer: nn.Module, param_name: str, tensor: torch.Tensor, shard=None) -> None:
+    def load(self, layer: Layer, param_name: str, tensor: torch.Tensor, shard: Any = None) -> None:
         if param_name == "weight_shape":
             return _check_shape(layer, tensor, shard)
         if param_name == "weight_g_idx" and self.scheme.actorder:
@@ -220,7 +221,7 @@ class PackedW4(LinearMethod):
             return copy_shard(getattr(layer, param_name), tensor, layer.shards, shard)
         raise KeyError(f"unexpected tensor '{param_name}' for a pack-quantized 4-bit layer")
 
-    def process_after_loading(self, layer: nn.Module) -> None:
+    def process_after_loading(self, layer: Layer) -> None:
         N, K = layer.out_features, layer.in_features
         codes = unpack_words(layer.weight_packed.data, 4, K)
         scales = layer.weight_scale.data
@@ -255,7 +256,7 @@ class PackedW4(LinearMethod):
         layer.register_buffer("w4_perm", perm)
         layer.w4_group = group
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(self, layer: Layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return ops.w4a16_linear(
             x, layer.w4_qweight, layer.w4_scales, layer.w4_zeros, layer.w4_group, layer.w4_perm, bias
         )
@@ -270,7 +271,7 @@ class PackedW8(CheckpointW8):
         super().__init__(torch.int8, (1, scheme.group_size) if scheme.group_size else None, None, "weight_scale")
         self.scheme = scheme
 
-    def create_weights(self, layer: nn.Module, dtype: torch.dtype | None, device) -> None:
+    def create_weights(self, layer: Layer, dtype: torch.dtype | None, device: Any) -> None:
         super().create_weights(layer, dtype, device)
         del layer.weight  # made from the packed words once they are in
         N, K = layer.out_features, layer.in_features
@@ -279,10 +280,10 @@ class PackedW8(CheckpointW8):
         )
         layer.register_buffer("weight_shape", torch.tensor([N, K], device=device), persistent=False)
 
-    def expected(self, layer: nn.Module, param_name: str) -> list:
+    def expected(self, layer: Layer, param_name: str) -> list:
         return list(layer.shards) if param_name in ("weight_packed", "weight_scale") else []
 
-    def load(self, layer: nn.Module, param_name: str, tensor: torch.Tensor, shard=None) -> None:
+    def load(self, layer: Layer, param_name: str, tensor: torch.Tensor, shard: Any = None) -> None:
         if param_name == "weight_shape":
             return _check_shape(layer, tensor, shard)
         if param_name == "weight_packed":
@@ -291,7 +292,7 @@ class PackedW8(CheckpointW8):
             return super().load(layer, param_name, tensor, shard)
         raise KeyError(f"unexpected tensor '{param_name}' for a pack-quantized 8-bit layer")
 
-    def process_after_loading(self, layer: nn.Module) -> None:
+    def process_after_loading(self, layer: Layer) -> None:
         codes = unpack_words(layer.weight_packed.data, 8, layer.in_features) - 128
         del layer.weight_packed, layer.weight_shape
         layer.weight = nn.Parameter(codes.to(torch.int8), requires_grad=False)
@@ -314,7 +315,7 @@ class CompressedTensorsConfig(QuantConfig):
 
     name = "compressed-tensors"
 
-    def __init__(self, schemes: list, ignore=(), tensors: dict | None = None):
+    def __init__(self, schemes: list, ignore: Any = (), tensors: dict[str, str] | None = None):
         self.schemes, self.ignore, self.tensors = list(schemes), list(ignore or ()), tensors
 
     @classmethod
@@ -324,7 +325,7 @@ class CompressedTensorsConfig(QuantConfig):
         )
 
     @classmethod
-    def from_hf(cls, qc: dict, model_dir=None) -> "CompressedTensorsConfig":
+    def from_hf(cls, qc: dict, model_dir: Any = None) -> "CompressedTensorsConfig":
         sparsity = qc.get("sparsity_config") or {}
         if sparsity and sparsity.get("format", "dense") != "dense":
             raise ValueError(
@@ -351,7 +352,7 @@ class CompressedTensorsConfig(QuantConfig):
         (i,) = found
         return None if i is None else self.schemes[i]
 
-    def method_for(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
+    def method_for(self, layer: Layer, prefix: str) -> LinearMethod | None:
         names = self.checkpoint_names(prefix)
         if not checkpoint_quantized(
             self.tensors, names, ("weight_scale",), self.skipped(prefix, self.ignore), "ignore"
