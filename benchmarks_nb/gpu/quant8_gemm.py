@@ -554,7 +554,7 @@ def _():
         RES["load_peak_memory"] = "skipped on the CPU"
         return
     try:
-        from litellama.layers.base import Linear
+        from litellama.layers.linear import Linear
         from litellama.layers.quant8 import RuntimeW8
     except ImportError as e:
         RES["load_peak_memory"] = f"skipped: {e} (this tree has no exported 8-bit linear methods)"

@@ -458,7 +458,7 @@ def _():
 
 
 def scheme_quant(name):
-    from litellama.layers.base import get_quant_config
+    from litellama.layers.linear import get_quant_config
 
     if name == "bf16":
         return None
@@ -476,7 +476,7 @@ def scheme_quant(name):
 def build(cfg, quant, seed=0):
     "A model of `cfg` on the device with random 16-bit weights, each quantized linear loaded shard by shard as from a checkpoint."
     from litellama.models.decoder import model_class
-    from litellama.layers.base import Linear
+    from litellama.layers.linear import Linear
 
     with torch.device(DEV):
         model = model_class(cfg)(cfg, dtype=DT, device=DEV, quant=quant)

@@ -268,15 +268,15 @@ def cmd_make_random_checkpoint(a):
 # %% ../../nbs/16_cli.ipynb #a8q3cli1
 QUANTIZERS = {  # `litellama quantize --method NAME`: "module:function(model_dir, out_dir, **options)", imported on use
     "smoothquant": "litellama.quantization.smoothquant:quantize_smoothquant",  # W8A8 int8, compressed-tensors
-    "rtn": "litellama.quantization.awq_quantizer:quantize_rtn",  # 4-bit, written in AWQ's format (23_awq_quantizer)
+    "rtn": "litellama.quantization.awq_quantizer:quantize_rtn",  # 4-bit, AWQ or compressed-tensors (23_awq_quantizer)
     "awq": "litellama.quantization.awq_quantizer:quantize_awq",
 }
 
 # %% ../../nbs/16_cli.ipynb #c04a5284
 QUANTIZE_OPTIONS = {
     "smoothquant": ("alpha", "calibration", "max_tokens", "device"),
-    "rtn": ("bits", "group_size"),
-    "awq": ("bits", "group_size", "calibration"),
+    "rtn": ("bits", "group_size", "format"),
+    "awq": ("bits", "group_size", "calibration", "format"),
 }
 
 
@@ -291,7 +291,7 @@ def cmd_quantize(a):
         raise ValueError(f"unknown quantization method '{a.method}'; methods: {', '.join(sorted(QUANTIZERS))}")
     unused = [
         k
-        for k in ("alpha", "max_tokens", "bits", "group_size")
+        for k in ("alpha", "max_tokens", "bits", "group_size", "format")
         if getattr(a, k) is not None and k not in QUANTIZE_OPTIONS[a.method]
     ]
     if unused:
@@ -318,6 +318,12 @@ def add_quantize_parser(sub):
     q.add_argument("--bits", type=int, default=None, help="rtn, awq: bits per weight (4)")
     q.add_argument("--group-size", type=int, default=None, help="rtn, awq: weights per scale (default 128)")
     q.add_argument("--device", default=None, help="where calibration runs (default: the CPU)")
+    q.add_argument(
+        "--format",
+        default=None,
+        choices=("awq", "compressed-tensors"),
+        help="rtn, awq: how the codes are written (awq)",
+    )
     q.set_defaults(fn=cmd_quantize)
 
 

@@ -8,17 +8,19 @@ Docs: https://litellama.github.io/litellama/nbs/awq_gptq.html.md"""
 __all__ = ["AWQConfig", "GPTQConfig", "AWQLinearMethod", "GPTQLinearMethod"]
 
 # %% ../../nbs/22_awq_gptq.ipynb #96bc0f8c
+from typing import Any
+
 import torch
 from torch import nn
 
 from ..kernels.registry import ops
 from ..kernels.w4a16 import awq_unpack, gptq_unpack, to_kernel_layout
-from ..utils import patch
 from .linear import LinearMethod, QuantConfig, copy_shard
+from .quant8 import Layer, checkpoint_quantized, stored_tensors
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #6a29ac71
-def _group_size(qc: dict, *keys) -> int:
+def _group_size(qc: dict, *keys: str) -> int:
     g = next((qc[k] for k in keys if qc.get(k) is not None), 128)
     g = int(g)
     if g != -1 and (g <= 0 or g % 16):
@@ -27,7 +29,7 @@ def _group_size(qc: dict, *keys) -> int:
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #1c49f688
-def _bits(qc: dict, *keys):
+def _bits(qc: dict, *keys: str) -> int:
     b = next((qc[k] for k in keys if qc.get(k) is not None), 4)
     if int(b) != 4:
         raise ValueError(f"{b}-bit weights: only 4-bit AWQ/GPTQ checkpoints are supported")
@@ -40,28 +42,31 @@ class AWQConfig(QuantConfig):
 
     name = "awq"
 
-    def __init__(self, group_size: int = 128, modules_to_not_convert=None):
+    def __init__(
+        self, group_size: int = 128, modules_to_not_convert: list | None = None, tensors: dict[str, str] | None = None
+    ):
         self.group_size, self.modules_to_not_convert = group_size, list(modules_to_not_convert or [])
+        self.tensors = tensors  # the checkpoint's tensor names, which decide what is quantized
 
+    @classmethod
+    def from_hf(cls, qc: dict, model_dir: Any = None) -> "AWQConfig":
+        _bits(qc, "bits", "w_bit")
+        if not qc.get("zero_point", True):
+            raise ValueError("AWQ with zero_point: false is not supported (the kernel needs zero points)")
+        version = str(qc.get("version") or qc.get("format") or "gemm").lower()
+        if version != "gemm":
+            raise ValueError(f"AWQ version '{version}' is not supported; only 'gemm' checkpoints load")
+        g = _group_size(qc, "group_size", "q_group_size")
+        return cls(g, qc.get("modules_to_not_convert"), stored_tensors(model_dir))
 
-# %% ../../nbs/22_awq_gptq.ipynb #56a7aa33
-@patch(cls_method=True)
-def from_hf(cls: AWQConfig, qc: dict, model_dir=None):
-    _bits(qc, "bits", "w_bit")
-    if not qc.get("zero_point", True):
-        raise ValueError("AWQ with zero_point: false is not supported (the kernel needs zero points)")
-    version = str(qc.get("version") or qc.get("format") or "gemm").lower()
-    if version != "gemm":
-        raise ValueError(f"AWQ version '{version}' is not supported; only 'gemm' checkpoints load")
-    return cls(_group_size(qc, "group_size", "q_group_size"), qc.get("modules_to_not_convert"))
-
-
-# %% ../../nbs/22_awq_gptq.ipynb #5dbe9fb4
-@patch
-def method_for(self: AWQConfig, layer, prefix):
-    if prefix.endswith("lm_head") or self.skipped(prefix, self.modules_to_not_convert):
-        return None
-    return AWQLinearMethod(self)
+    def method_for(self, layer: Layer, prefix: str) -> LinearMethod | None:
+        "Quantized where the checkpoint stores `qweight` (without tensors to look at: every layer but the LM head)."
+        if self.tensors is None and prefix.endswith("lm_head"):
+            return None
+        listed = self.skipped(prefix, self.modules_to_not_convert)
+        if not checkpoint_quantized(self.tensors, self.checkpoint_names(prefix), ("qweight",), listed):
+            return None
+        return AWQLinearMethod(self)
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #461827fa
@@ -72,98 +77,85 @@ class GPTQConfig(QuantConfig):
     name = "gptq"
 
     def __init__(
-        self, group_size: int = 128, version: int = 1, desc_act: bool = False, sym: bool = True, lm_head: bool = False
+        self,
+        group_size: int = 128,
+        version: int = 1,
+        desc_act: bool = False,
+        sym: bool = True,
+        lm_head: bool = False,
+        tensors: dict[str, str] | None = None,
     ):
-        self.group_size, self.version, self.desc_act, self.sym, self.lm_head = (
-            group_size,
-            version,
-            desc_act,
-            sym,
-            lm_head,
+        self.group_size, self.version, self.desc_act, self.sym = group_size, version, desc_act, sym
+        self.lm_head, self.tensors = lm_head, tensors
+
+    def method_for(self, layer: Layer, prefix: str) -> LinearMethod | None:
+        "Quantized where the checkpoint stores `qweight`; `lm_head: false` keeps the head 16-bit."
+        listed = prefix.endswith("lm_head") and not self.lm_head
+        names = self.checkpoint_names(prefix)
+        if not checkpoint_quantized(self.tensors, names, ("qweight",), listed, "lm_head: false"):
+            return None
+        return GPTQLinearMethod(self)
+
+    @classmethod
+    def from_hf(cls, qc: dict, model_dir: Any = None) -> "GPTQConfig":
+        _bits(qc, "bits")
+        fmt = str(qc.get("checkpoint_format") or qc.get("format") or "gptq").lower()
+        if fmt not in ("gptq", "gptq_v2"):
+            raise ValueError(f"GPTQ checkpoint_format '{fmt}' is not supported; use gptq or gptq_v2")
+        return cls(
+            _group_size(qc, "group_size"),
+            2 if fmt == "gptq_v2" else 1,
+            bool(qc.get("desc_act", False)),
+            bool(qc.get("sym", True)),
+            bool(qc.get("lm_head", False)),
+            stored_tensors(model_dir),
         )
-
-
-# %% ../../nbs/22_awq_gptq.ipynb #caced713
-@patch
-def method_for(self: GPTQConfig, layer, prefix):  # noqa: F811 - patched onto the class
-    if prefix.endswith("lm_head") and not self.lm_head:
-        return None
-    return GPTQLinearMethod(self)
-
-
-# %% ../../nbs/22_awq_gptq.ipynb #b8e950cf
-@patch(cls_method=True)
-def from_hf(cls: GPTQConfig, qc: dict, model_dir=None):  # noqa: F811 - patched onto the class
-    _bits(qc, "bits")
-    fmt = str(qc.get("checkpoint_format") or qc.get("format") or "gptq").lower()
-    if fmt not in ("gptq", "gptq_v2"):
-        raise ValueError(f"GPTQ checkpoint_format '{fmt}' is not supported; use gptq or gptq_v2")
-    return cls(
-        _group_size(qc, "group_size"),
-        2 if fmt == "gptq_v2" else 1,
-        bool(qc.get("desc_act", False)),
-        bool(qc.get("sym", True)),
-        bool(qc.get("lm_head", False)),
-    )
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #b91fe59c
 class _W4Method(LinearMethod):
     "What AWQ and GPTQ share: tensors stored as the checkpoint has them, the kernel layout made once after loading."
 
-    packed_out: tuple = ()  # params packed eight to a word along the output dimension
+    stored: tuple = ()  # the checkpoint's tensors of one layer
+    packed_out: tuple = ()  # those packed eight to a word along the output dimension
 
-    def __init__(self, config):
+    def __init__(self, config: AWQConfig | GPTQConfig):
         self.config = config
 
+    def load(self, layer: Layer, param_name: str, tensor: torch.Tensor, shard: Any = None) -> None:
+        if param_name not in self.stored:
+            raise KeyError(f"{layer.prefix}.{param_name}")
+        shards = layer.shards
+        if param_name in self.packed_out:
+            shards = {s: (o // 8, n // 8) for s, (o, n) in shards.items()}
+        copy_shard(getattr(layer, param_name), tensor, shards, shard, dim=1)
 
-# %% ../../nbs/22_awq_gptq.ipynb #90764049
-@patch
-def load(self: _W4Method, layer, param_name, tensor, shard=None):
-    if param_name not in self.stored:
-        raise KeyError(f"{layer.prefix}.{param_name}")
-    shards = layer.shards
-    if param_name in self.packed_out:
-        shards = {s: (o // 8, n // 8) for s, (o, n) in shards.items()}
-    copy_shard(getattr(layer, param_name), tensor, shards, shard, dim=1)
+    def _group(self, layer: Layer) -> int:
+        K, g = layer.in_features, self.config.group_size
+        g = K if g == -1 else g
+        if K % g:
+            raise ValueError(f"{layer.prefix}: {K} input features do not split into groups of {g}")
+        bad = [s for s, (off, size) in layer.shards.items() if off % 8 or size % 8]
+        if bad or layer.out_features % 8:
+            raise ValueError(f"{layer.prefix}: 4-bit layers need output sizes that are multiples of 8")
+        return g
 
+    def _param(self, layer: Layer, name: str, shape: tuple, dtype: torch.dtype, device: Any) -> None:
+        setattr(layer, name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False))
 
-# %% ../../nbs/22_awq_gptq.ipynb #8f0d267f
-@patch
-def _group(self: _W4Method, layer) -> int:
-    K, g = layer.in_features, self.config.group_size
-    g = K if g == -1 else g
-    if K % g:
-        raise ValueError(f"{layer.prefix}: {K} input features do not split into groups of {g}")
-    bad = [s for s, (off, size) in layer.shards.items() if off % 8 or size % 8]
-    if bad or layer.out_features % 8:
-        raise ValueError(f"{layer.prefix}: 4-bit layers need output sizes that are multiples of 8")
-    return g
+    def _finish(self, layer: Layer, codes: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor) -> None:
+        qw, s, z, group, perm = to_kernel_layout(codes, zeros, layer.scales.data, g_idx)
+        for name in self.stored:
+            delattr(layer, name)
+        layer.register_buffer("w4_qweight", qw)
+        layer.register_buffer("w4_scales", s)
+        layer.register_buffer("w4_zeros", z)
+        layer.register_buffer("w4_perm", perm)
+        layer.w4_group = group
 
-
-# %% ../../nbs/22_awq_gptq.ipynb #55e34c2c
-@patch
-def _param(self: _W4Method, layer, name, shape, dtype, device):
-    setattr(layer, name, nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False))
-
-
-# %% ../../nbs/22_awq_gptq.ipynb #616bafad
-@patch
-def _finish(self: _W4Method, layer, codes, zeros, g_idx):
-    qw, s, z, group, perm = to_kernel_layout(codes, zeros, layer.scales.data, g_idx)
-    for name in self.stored:
-        delattr(layer, name)
-    layer.register_buffer("w4_qweight", qw)
-    layer.register_buffer("w4_scales", s)
-    layer.register_buffer("w4_zeros", z)
-    layer.register_buffer("w4_perm", perm)
-    layer.w4_group = group
-
-
-# %% ../../nbs/22_awq_gptq.ipynb #815f25ce
-@patch
-def apply(self: _W4Method, layer, x, bias=None):
-    return ops.w4a16_linear(x, layer.w4_qweight, layer.w4_scales, layer.w4_zeros, layer.w4_group, layer.w4_perm, bias)
+    def apply(self, layer: Layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        w = layer.w4_qweight, layer.w4_scales, layer.w4_zeros, layer.w4_group, layer.w4_perm
+        return ops.w4a16_linear(x, *w, bias)
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #7c2f2d03
@@ -172,22 +164,16 @@ class AWQLinearMethod(_W4Method):
 
     stored, packed_out = ("qweight", "qzeros", "scales"), ("qweight", "qzeros")
 
+    def create_weights(self, layer: Layer, dtype: torch.dtype | None, device: Any) -> None:
+        K, N, g = layer.in_features, layer.out_features, self._group(layer)
+        self._param(layer, "qweight", (K, N // 8), torch.int32, device)
+        self._param(layer, "qzeros", (K // g, N // 8), torch.int32, device)
+        self._param(layer, "scales", (K // g, N), torch.float16, device)
 
-# %% ../../nbs/22_awq_gptq.ipynb #e26aebf4
-@patch
-def create_weights(self: AWQLinearMethod, layer, dtype, device):
-    K, N, g = layer.in_features, layer.out_features, self._group(layer)
-    self._param(layer, "qweight", (K, N // 8), torch.int32, device)
-    self._param(layer, "qzeros", (K // g, N // 8), torch.int32, device)
-    self._param(layer, "scales", (K // g, N), torch.float16, device)
-
-
-# %% ../../nbs/22_awq_gptq.ipynb #ee831e91
-@patch
-def process_after_loading(self: AWQLinearMethod, layer):
-    codes, zeros = awq_unpack(layer.qweight.data, layer.qzeros.data)
-    g = self._group(layer)
-    self._finish(layer, codes, zeros, torch.arange(layer.in_features, device=codes.device) // g)
+    def process_after_loading(self, layer: Layer) -> None:
+        codes, zeros = awq_unpack(layer.qweight.data, layer.qzeros.data)
+        g = self._group(layer)
+        self._finish(layer, codes, zeros, torch.arange(layer.in_features, device=codes.device) // g)
 
 
 # %% ../../nbs/22_awq_gptq.ipynb #306a88a4
@@ -197,46 +183,35 @@ class GPTQLinearMethod(_W4Method):
 
     stored, packed_out = ("qweight", "qzeros", "scales", "g_idx"), ("qzeros",)
 
+    def create_weights(self, layer: Layer, dtype: torch.dtype | None, device: Any) -> None:
+        K, N, g = layer.in_features, layer.out_features, self._group(layer)
+        if K % 8:
+            raise ValueError(f"{layer.prefix}: {K} input features are not a multiple of 8")
+        self._param(layer, "qweight", (K // 8, N), torch.int32, device)
+        self._param(layer, "qzeros", (K // g, N // 8), torch.int32, device)
+        self._param(layer, "scales", (K // g, N), torch.float16, device)
+        self._param(layer, "g_idx", (K,), torch.int32, device)
+        layer._g_idx_from = None
 
-# %% ../../nbs/22_awq_gptq.ipynb #18ced5ee
-@patch
-def create_weights(self: GPTQLinearMethod, layer, dtype, device):  # noqa: F811 - patched onto the class
-    K, N, g = layer.in_features, layer.out_features, self._group(layer)
-    if K % 8:
-        raise ValueError(f"{layer.prefix}: {K} input features are not a multiple of 8")
-    self._param(layer, "qweight", (K // 8, N), torch.int32, device)
-    self._param(layer, "qzeros", (K // g, N // 8), torch.int32, device)
-    self._param(layer, "scales", (K // g, N), torch.float16, device)
-    self._param(layer, "g_idx", (K,), torch.int32, device)
-    layer._g_idx_from = None
+    def process_after_loading(self, layer: Layer) -> None:
+        assert isinstance(self.config, GPTQConfig)
+        codes, zeros = gptq_unpack(layer.qweight.data, layer.qzeros.data, self.config.version)
+        self._finish(layer, codes, zeros, layer.g_idx.data)
+        del layer._g_idx_from
 
+    def load(self, layer: Layer, param_name: str, tensor: torch.Tensor, shard: Any = None) -> None:
+        if param_name != "g_idx":
+            return super().load(layer, param_name, tensor, shard)
+        if tuple(tensor.shape) != tuple(layer.g_idx.shape):
+            raise ValueError(f"shape {tuple(tensor.shape)} does not fit {tuple(layer.g_idx.shape)}")
+        if layer._g_idx_from is None:
+            layer.g_idx.data.copy_(tensor)
+            layer._g_idx_from = shard
+        elif not torch.equal(layer.g_idx.data.cpu(), tensor.to(torch.int32).cpu()):
+            raise ValueError(
+                f"its g_idx differs from that of shard {layer._g_idx_from!r} of the same fused layer; the kernel needs "
+                "one input order"
+            )
 
-# %% ../../nbs/22_awq_gptq.ipynb #11a803a9
-@patch
-def process_after_loading(self: GPTQLinearMethod, layer):  # noqa: F811 - patched onto the class
-    codes, zeros = gptq_unpack(layer.qweight.data, layer.qzeros.data, self.config.version)
-    self._finish(layer, codes, zeros, layer.g_idx.data)
-    del layer._g_idx_from
-
-
-# %% ../../nbs/22_awq_gptq.ipynb #35de79a2
-@patch
-def load(self: GPTQLinearMethod, layer, param_name, tensor, shard=None):  # noqa: F811 - patched onto the class
-    if param_name != "g_idx":
-        return super(GPTQLinearMethod, self).load(layer, param_name, tensor, shard)
-    if tuple(tensor.shape) != tuple(layer.g_idx.shape):
-        raise ValueError(f"shape {tuple(tensor.shape)} does not fit {tuple(layer.g_idx.shape)}")
-    if layer._g_idx_from is None:
-        layer.g_idx.data.copy_(tensor)
-        layer._g_idx_from = shard
-    elif not torch.equal(layer.g_idx.data.cpu(), tensor.to(torch.int32).cpu()):
-        raise ValueError(
-            f"its g_idx differs from that of shard {layer._g_idx_from!r} of the same fused layer; the kernel needs "
-            "one input order"
-        )
-
-
-# %% ../../nbs/22_awq_gptq.ipynb #7d416b37
-@patch
-def expected(self: GPTQLinearMethod, layer, param_name):
-    return list(layer.shards)
+    def expected(self, layer: Layer, param_name: str) -> list:
+        return list(layer.shards)

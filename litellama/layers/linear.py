@@ -219,7 +219,7 @@ def get_quant_config(
 # %% ../../nbs/02a_linear.ipynb #a8q2sch1
 QUANT_SCHEMES["int8"] = "litellama.layers.quant8:Int8Config"  # 8-bit: nbs/20_quant8.ipynb
 QUANT_SCHEMES["fp8"] = "litellama.layers.quant8:Fp8Config"  # runtime fp8 and FP8 (block) checkpoints
-QUANT_SCHEMES["compressed-tensors"] = "litellama.layers.quant8:CompressedTensorsConfig"  # W8A8 int8 and FP8
+QUANT_SCHEMES["compressed-tensors"] = "litellama.layers.compressed_tensors:CompressedTensorsConfig"  # W8A8 int8 and FP8
 
 # %% ../../nbs/02a_linear.ipynb #a4b16e03
 QUANT_SCHEMES.update(

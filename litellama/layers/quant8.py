@@ -6,30 +6,37 @@ Docs: https://litellama.github.io/litellama/nbs/quant8.html.md"""
 
 # %% auto #0
 __all__ = [
+    "Layer",
     "W8A8_MIN_TOKENS",
-    "CT_FORMATS",
+    "SIXTEEN_BIT",
     "quantize_per_channel",
     "fp8_tensor_cores",
     "RuntimeW8",
     "Int8Config",
     "CheckpointW8",
+    "stored_tensors",
+    "checkpoint_quantized",
     "Fp8Config",
-    "CompressedTensorsConfig",
     "fp8_block_quantize",
 ]
 
 # %% ../../nbs/20_quant8.ipynb #a9d2da21
+import json
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import nn
 
 from ..kernels.quant_gemm import QMAX
 from ..kernels.registry import ops
-from ..utils import patch
 from .linear import LinearMethod, QuantConfig, copy_shard
+
+Layer = Any  # the `Linear` a method serves: the method registers its parameters on it at run time
 
 
 # %% ../../nbs/20_quant8.ipynb #82516bcc
-def quantize_per_channel(w: torch.Tensor, dtype=torch.int8):
+def quantize_per_channel(w: torch.Tensor, dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
     """`(codes [N, K] of dtype, scale [N] float32)`: symmetric round-to-nearest, one scale per output row, computed
     in float32."""
     if dtype not in QMAX:
@@ -46,21 +53,21 @@ W8A8_MIN_TOKENS = 17
 
 
 # %% ../../nbs/20_quant8.ipynb #bb8573c5
-def fp8_tensor_cores(device) -> bool:
+def fp8_tensor_cores(device: torch.device | str) -> bool:
     "Does `device` multiply fp8 in hardware (CUDA compute capability 8.9 or later)?"
     device = torch.device(device)
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 # %% ../../nbs/20_quant8.ipynb #a2434dff
-def _use_w8a8(x: torch.Tensor, qdtype) -> bool:
+def _use_w8a8(x: torch.Tensor, qdtype: torch.dtype) -> bool:
     if x.shape[0] < W8A8_MIN_TOKENS and x.is_cuda:
         return False
     return qdtype == torch.int8 or fp8_tensor_cores(x.device)
 
 
 # %% ../../nbs/20_quant8.ipynb #c8c6beb5
-def _flat(x):
+def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
@@ -69,60 +76,44 @@ class RuntimeW8(LinearMethod):
     """A 16-bit checkpoint weight quantized per output channel to int8 or fp8 as it loads; W8A16, or W8A8 (`w8a8`)
     where it pays."""
 
-    def __init__(self, qdtype=torch.int8, w8a8: bool = False):
+    def __init__(self, qdtype: torch.dtype = torch.int8, w8a8: bool = False):
         self.qdtype, self.w8a8 = qdtype, w8a8
 
+    def create_weights(self, layer: Layer, dtype: torch.dtype | None, device: Any) -> None:
+        N, K = layer.out_features, layer.in_features
+        layer.weight = nn.Parameter(torch.empty(N, K, dtype=self.qdtype, device=device), requires_grad=False)
+        layer.weight_scale = nn.Parameter(torch.empty(N, dtype=torch.float32, device=device), requires_grad=False)
 
-# %% ../../nbs/20_quant8.ipynb #47ef1eae
-@patch
-def create_weights(self: RuntimeW8, layer, dtype, device):
-    layer.weight = nn.Parameter(
-        torch.empty(layer.out_features, layer.in_features, dtype=self.qdtype, device=device), requires_grad=False
-    )
-    layer.weight_scale = nn.Parameter(
-        torch.empty(layer.out_features, dtype=torch.float32, device=device), requires_grad=False
-    )
+    def load(self, layer: Layer, param_name: str, tensor: torch.Tensor, shard: Any = None) -> None:
+        if param_name != "weight":
+            raise KeyError(f"a runtime-quantized layer loads only 'weight', not '{param_name}'")
+        if not tensor.is_floating_point() or tensor.element_size() < 2:
+            raise ValueError(
+                f"runtime {self.qdtype} quantization needs a 16/32-bit weight, got {tensor.dtype} (is the checkpoint "
+                "already quantized?)"
+            )
+        q, s = quantize_per_channel(tensor.to(layer.weight.device), self.qdtype)
+        copy_shard(layer.weight, q, layer.shards, shard)
+        copy_shard(layer.weight_scale, s, layer.shards, shard)
 
+    def expected(self, layer: Layer, param_name: str) -> list:
+        return list(layer.shards) if param_name == "weight" else []
 
-# %% ../../nbs/20_quant8.ipynb #fc381748
-@patch
-def load(self: RuntimeW8, layer, param_name, tensor, shard=None):
-    if param_name != "weight":
-        raise KeyError(f"a runtime-quantized layer loads only 'weight', not '{param_name}'")
-    if not tensor.is_floating_point() or tensor.element_size() < 2:
-        raise ValueError(
-            f"runtime {self.qdtype} quantization needs a 16/32-bit weight, got {tensor.dtype} (is the checkpoint "
-            "already quantized?)"
-        )
-    q, s = quantize_per_channel(tensor.to(layer.weight.device), self.qdtype)
-    copy_shard(layer.weight, q, layer.shards, shard)
-    copy_shard(layer.weight_scale, s, layer.shards, shard)
+    def apply(
+        self, layer: Layer, x: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    ) -> torch.Tensor:
+        "With `gated` (rows `[gate | up]`), `silu(gate) * up` of the product: inside the W8A16 GEMM, after W8A8's."
+        x2 = _flat(x)
+        if self.w8a8 and _use_w8a8(x2, self.qdtype):
+            xq, sx = ops.per_token_quant(x2, self.qdtype)
+            y = ops.scaled_mm(xq, sx, layer.weight, layer.weight_scale, bias, x.dtype)
+            y = ops.silu_and_mul(y) if gated else y
+        else:
+            y = ops.w8a16_gemm(x2, layer.weight, layer.weight_scale, bias, gated=gated)
+        return y.reshape(*x.shape[:-1], -1)
 
-
-# %% ../../nbs/20_quant8.ipynb #427fa873
-@patch
-def apply(self: RuntimeW8, layer, x, bias=None, gated=False):
-    "With `gated` (rows `[gate | up]`), `silu(gate) * up` of the product: formed inside the W8A16 GEMM, after W8A8's."
-    x2 = _flat(x)
-    if self.w8a8 and _use_w8a8(x2, self.qdtype):
-        xq, sx = ops.per_token_quant(x2, self.qdtype)
-        y = ops.scaled_mm(xq, sx, layer.weight, layer.weight_scale, bias, x.dtype)
-        y = ops.silu_and_mul(y) if gated else y
-    else:
-        y = ops.w8a16_gemm(x2, layer.weight, layer.weight_scale, bias, gated=gated)
-    return y.reshape(*x.shape[:-1], -1)
-
-
-# %% ../../nbs/20_quant8.ipynb #760135a5
-@patch
-def apply_silu_mul(self: RuntimeW8, layer, x, bias=None):
-    return self.apply(layer, x, bias, gated=True)
-
-
-# %% ../../nbs/20_quant8.ipynb #c7da7bbf
-@patch
-def expected(self: RuntimeW8, layer, param_name):
-    return list(layer.shards) if param_name == "weight" else []
+    def apply_silu_mul(self, layer: Layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.apply(layer, x, bias, gated=True)
 
 
 # %% ../../nbs/20_quant8.ipynb #d44e40ec
@@ -131,26 +122,19 @@ class Int8Config(QuantConfig):
 
     name = "int8"
 
+    @classmethod
+    def from_hf(cls, qc: dict, model_dir: Any = None) -> "Int8Config":
+        raise ValueError(
+            "'int8' is a scheme to quantize with at load time (quantization='int8'), not a checkpoint format; "
+            "int8 checkpoints load as compressed-tensors"
+        )
 
-# %% ../../nbs/20_quant8.ipynb #e2698d72
-@patch(cls_method=True)
-def from_hf(cls: Int8Config, qc, model_dir=None):
-    raise ValueError(
-        "'int8' is a scheme to quantize with at load time (quantization='int8'), not a checkpoint format; "
-        "int8 checkpoints load as compressed-tensors"
-    )
+    @classmethod
+    def for_runtime(cls, name: str) -> "Int8Config":
+        return cls()
 
-
-# %% ../../nbs/20_quant8.ipynb #563d2a60
-@patch(cls_method=True)
-def for_runtime(cls: Int8Config, name):
-    return cls()
-
-
-# %% ../../nbs/20_quant8.ipynb #fd4999e7
-@patch
-def method_for(self: Int8Config, layer, prefix):
-    return RuntimeW8(torch.int8)  # an untied LM head too; a tied one stays the embedding
+    def method_for(self, layer: Layer, prefix: str) -> LinearMethod | None:
+        return RuntimeW8(torch.int8)  # an untied LM head too; a tied one stays the embedding
 
 
 # %% ../../nbs/20_quant8.ipynb #86fa73ad
@@ -168,242 +152,195 @@ class CheckpointW8(LinearMethod):
     channel (`[N, 1]`) or per tensor. `activations`: None (W8A16), 'dynamic' (per token, or per `bk` group with blocks)
     or 'static'."""
 
-    def __init__(self, qdtype, block=None, activations=None, scale_name="weight_scale"):
-        self.qdtype, self.block, self.activations, self.scale_name = (
-            qdtype,
-            tuple(block) if block else None,
-            activations,
-            scale_name,
-        )
+    def __init__(
+        self,
+        qdtype: torch.dtype,
+        block: tuple | list | None = None,
+        activations: str | None = None,
+        scale_name: str = "weight_scale",
+    ):
+        self.qdtype, self.activations, self.scale_name = qdtype, activations, scale_name
+        self.block = tuple(block) if block else None
+
+    def expected(self, layer: Layer, param_name: str) -> list:
+        return list(layer.shards) if param_name in ("weight", self.scale_name, "input_scale") else []
+
+    def create_weights(self, layer: Layer, dtype: torch.dtype | None, device: Any) -> None:
+        N, K = layer.out_features, layer.in_features
+        layer.weight = nn.Parameter(torch.empty(N, K, dtype=self.qdtype, device=device), requires_grad=False)
+        kb = -(-K // self.block[1]) if self.block else 1
+        scale = nn.Parameter(torch.empty(N, kb, dtype=torch.float32, device=device), requires_grad=False)
+        layer.register_parameter(self.scale_name, scale)
+        if self.activations == "static":
+            layer.input_scale = nn.Parameter(torch.zeros(N, dtype=torch.float32, device=device), requires_grad=False)
+
+    def load(self, layer: Layer, param_name: str, tensor: torch.Tensor, shard: Any = None) -> None:
+        rows = layer.shards[shard][1] if shard in layer.shards else layer.out_features
+        if param_name == "weight":
+            if tensor.dtype != self.qdtype:
+                raise ValueError(
+                    f"expected a {self.qdtype} weight, got {tensor.dtype} (a layer the checkpoint left unquantized but "
+                    "does not list as such?)"
+                )
+            return copy_shard(layer.weight, tensor, layer.shards, shard)
+        if param_name == self.scale_name:
+            bn, bk = self.block or (rows, layer.in_features)
+            want = (-(-rows // bn), -(-layer.in_features // bk))
+            if self.block and tuple(tensor.shape) != want:
+                raise ValueError(
+                    f"{param_name} is {tuple(tensor.shape)}, expected {want} for {rows}x{layer.in_features} in "
+                    f"{bn}x{bk} blocks"
+                )
+            if not self.block and tensor.numel() not in (1, rows):
+                raise ValueError(
+                    f"{param_name} has {tensor.numel()} entries, expected {rows} (per channel) or 1 (per tensor)"
+                )
+            s = _expand_rows(tensor, bn, rows) if self.block else tensor.float().reshape(-1, 1).expand(rows, 1)
+            return copy_shard(getattr(layer, param_name), s, layer.shards, shard)
+        if param_name == "input_scale" and self.activations == "static":
+            return copy_shard(layer.input_scale, tensor.float().reshape(1).expand(rows), layer.shards, shard)
+        raise KeyError(f"unexpected tensor '{param_name}' for an 8-bit checkpoint layer")
+
+    def process_after_loading(self, layer: Layer) -> None:
+        if self.activations == "static":
+            layer.input_scale.data.fill_(layer.input_scale.max().item())  # one scale for the fused input
+        if not self.block:
+            per_row = getattr(layer, self.scale_name).data[:, 0].contiguous()
+            setattr(layer, self.scale_name, nn.Parameter(per_row, requires_grad=False))
+
+    def apply(
+        self, layer: Layer, x: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    ) -> torch.Tensor:
+        x2, scale = _flat(x), getattr(layer, self.scale_name)
+        blk = (1, self.block[1]) if self.block else None
+        if self.activations is None or not _use_w8a8(x2, self.qdtype):  # gated inside the GEMM
+            return ops.w8a16_gemm(x2, layer.weight, scale, bias, blk, gated=gated).reshape(*x.shape[:-1], -1)
+        if self.activations == "static":
+            s = layer.input_scale[:1]
+            qmax = QMAX[self.qdtype]
+            v = (x2.float() / s).clamp(-qmax, qmax)
+            xq = v.round().to(torch.int8) if self.qdtype == torch.int8 else v.to(self.qdtype)
+            y = ops.scaled_mm(xq, s.expand(x2.shape[0]), layer.weight, scale, bias, x.dtype)
+        elif self.block:
+            xq, sx = ops.per_token_quant(x2, self.qdtype, self.block[1])
+            y = ops.block_scaled_mm(xq, sx, layer.weight, scale, blk, bias, x.dtype)
+        else:
+            xq, sx = ops.per_token_quant(x2, self.qdtype)
+            y = ops.scaled_mm(xq, sx, layer.weight, scale, bias, x.dtype)
+        y = ops.silu_and_mul(y) if gated else y
+        return y.reshape(*x.shape[:-1], -1)
+
+    def apply_silu_mul(self, layer: Layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.apply(layer, x, bias, gated=True)
 
 
-# %% ../../nbs/20_quant8.ipynb #b57e89c6
-@patch
-def expected(self: CheckpointW8, layer, param_name):  # noqa: F811 - patched onto the class
-    return list(layer.shards) if param_name in ("weight", self.scale_name, "input_scale") else []
-
-
-# %% ../../nbs/20_quant8.ipynb #ed7aec94
-@patch
-def create_weights(self: CheckpointW8, layer, dtype, device):  # noqa: F811 - patched onto the class
-    layer.weight = nn.Parameter(
-        torch.empty(layer.out_features, layer.in_features, dtype=self.qdtype, device=device), requires_grad=False
-    )
-    kb = -(-layer.in_features // self.block[1]) if self.block else 1
-    layer.register_parameter(
-        self.scale_name,
-        nn.Parameter(torch.empty(layer.out_features, kb, dtype=torch.float32, device=device), requires_grad=False),
-    )
-    if self.activations == "static":
-        layer.input_scale = nn.Parameter(
-            torch.zeros(layer.out_features, dtype=torch.float32, device=device), requires_grad=False
-        )
-
-
-# %% ../../nbs/20_quant8.ipynb #66081231
-@patch
-def load(self: CheckpointW8, layer, param_name, tensor, shard=None):  # noqa: F811 - patched onto the class
-    rows = layer.shards[shard][1] if shard in layer.shards else layer.out_features
-    if param_name == "weight":
-        if tensor.dtype != self.qdtype:
-            raise ValueError(
-                f"expected a {self.qdtype} weight, got {tensor.dtype} (a layer the checkpoint left unquantized but "
-                "does not list as such?)"
-            )
-        return copy_shard(layer.weight, tensor, layer.shards, shard)
-    if param_name == self.scale_name:
-        bn, bk = self.block or (rows, layer.in_features)
-        want = (-(-rows // bn), -(-layer.in_features // bk))
-        if self.block and tuple(tensor.shape) != want:
-            raise ValueError(
-                f"{param_name} is {tuple(tensor.shape)}, expected {want} for {rows}x{layer.in_features} in "
-                f"{bn}x{bk} blocks"
-            )
-        if not self.block and tensor.numel() not in (1, rows):
-            raise ValueError(
-                f"{param_name} has {tensor.numel()} entries, expected {rows} (per channel) or 1 (per tensor)"
-            )
-        s = _expand_rows(tensor, bn, rows) if self.block else tensor.float().reshape(-1, 1).expand(rows, 1)
-        return copy_shard(getattr(layer, param_name), s, layer.shards, shard)
-    if param_name == "input_scale" and self.activations == "static":
-        return copy_shard(layer.input_scale, tensor.float().reshape(1).expand(rows), layer.shards, shard)
-    raise KeyError(f"unexpected tensor '{param_name}' for an 8-bit checkpoint layer")
-
-
-# %% ../../nbs/20_quant8.ipynb #76f93f97
-@patch
-def process_after_loading(self: CheckpointW8, layer):
-    if self.activations == "static":
-        layer.input_scale.data.fill_(layer.input_scale.max().item())  # one scale for the fused input
-    if not self.block:
-        setattr(
-            layer,
-            self.scale_name,
-            nn.Parameter(getattr(layer, self.scale_name).data[:, 0].contiguous(), requires_grad=False),
-        )
-
-
-# %% ../../nbs/20_quant8.ipynb #5a2a5e59
-@patch
-def apply(self: CheckpointW8, layer, x, bias=None, gated=False):  # noqa: F811 - patched onto the class
-    x2, scale = _flat(x), getattr(layer, self.scale_name)
-    blk = (1, self.block[1]) if self.block else None
-    if self.activations is None or not _use_w8a8(x2, self.qdtype):  # gated inside the GEMM
-        return ops.w8a16_gemm(x2, layer.weight, scale, bias, blk, gated=gated).reshape(*x.shape[:-1], -1)
-    if self.activations == "static":
-        s = layer.input_scale[:1]
-        qmax = QMAX[self.qdtype]
-        v = (x2.float() / s).clamp(-qmax, qmax)
-        xq = v.round().to(torch.int8) if self.qdtype == torch.int8 else v.to(self.qdtype)
-        y = ops.scaled_mm(xq, s.expand(x2.shape[0]), layer.weight, scale, bias, x.dtype)
-    elif blk:
-        xq, sx = ops.per_token_quant(x2, self.qdtype, self.block[1])
-        y = ops.block_scaled_mm(xq, sx, layer.weight, scale, blk, bias, x.dtype)
+# %% ../../nbs/20_quant8.ipynb #ckd00002
+def stored_tensors(model_dir) -> dict[str, str] | None:
+    """`{tensor name: safetensors dtype ('BF16', 'F8_E4M3', 'I32', ...)}` from the headers of the checkpoint in
+    `model_dir`; None where it has no safetensors (then the config alone decides)."""
+    if model_dir is None:
+        return None
+    d = Path(model_dir)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted({d / n for n in json.loads(index.read_text())["weight_map"].values()})
     else:
-        xq, sx = ops.per_token_quant(x2, self.qdtype)
-        y = ops.scaled_mm(xq, sx, layer.weight, scale, bias, x.dtype)
-    y = ops.silu_and_mul(y) if gated else y
-    return y.reshape(*x.shape[:-1], -1)
+        files = sorted(d.glob("*.safetensors"))
+    if not files:
+        return None
+    names = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        names.update({k: v["dtype"] for k, v in header.items() if k != "__metadata__"})
+    return names
 
 
-# %% ../../nbs/20_quant8.ipynb #5a6e3994
-@patch
-def apply_silu_mul(self: CheckpointW8, layer, x, bias=None):  # noqa: F811 - patched onto the class
-    return self.apply(layer, x, bias, gated=True)
+# %% ../../nbs/20_quant8.ipynb #ckd00003
+SIXTEEN_BIT = ("F32", "F16", "BF16")  # the dtypes of a weight left unquantized
+
+
+def checkpoint_quantized(
+    tensors: dict[str, str] | None, names: list[str], marks: tuple, listed: bool, field: str = "modules_to_not_convert"
+) -> bool:
+    """Is the layer whose checkpoint parts are `names` stored quantized (each part has a `marks` tensor)? `listed`:
+    the config keeps it 16-bit (by `field`). With no tensors known, the config alone decides."""
+    if tensors is None:
+        return not listed
+    has = {n: any(f"{n}.{m}" in tensors for m in marks) for n in names}
+    if all(has.values()):
+        if listed:
+            raise ValueError(
+                f"tensor '{names[0]}.{marks[0]}': {field} keeps '{names[0]}' in 16 bits but the checkpoint stores it "
+                "quantized"
+            )
+        return True
+    if any(has.values()):
+        part = next(n for n in names if not has[n])
+        done = next(n for n in names if has[n])
+        raise ValueError(
+            f"tensor '{part}.{marks[0]}' is missing while '{done}.{marks[0]}' of the same fused layer is there"
+        )
+    for n in names:
+        dt = tensors.get(f"{n}.weight")
+        if dt is not None and dt not in SIXTEEN_BIT:
+            raise ValueError(f"tensor '{n}.weight' is {dt} but the checkpoint has no '{n}.{marks[0]}' to scale it")
+    return False
 
 
 # %% ../../nbs/20_quant8.ipynb #eac5bb67
 class Fp8Config(QuantConfig):
     """`quantization='fp8'` (runtime: per-channel e4m3 weights, W8A16; W8A8 with per-token fp8 activations on sm_89+),
-    or a `quant_method: "fp8"` checkpoint (block scales `weight_block_size`, or per-tensor), `modules_to_not_convert`
-    kept 16-bit."""
+    or a `quant_method: "fp8"` checkpoint (block scales `weight_block_size`, or per-tensor), whose tensors decide
+    which layers are quantized (`modules_to_not_convert` checked against them)."""
 
     name = "fp8"
 
-    def __init__(self, checkpoint=False, block=None, activations="dynamic", ignore=()):
-        self.checkpoint, self.block, self.activations, self.ignore = checkpoint, block, activations, list(ignore or ())
-
-
-# %% ../../nbs/20_quant8.ipynb #dbd5914a
-@patch(cls_method=True)
-def for_runtime(cls: Fp8Config, name):  # noqa: F811 - patched onto the class
-    return cls()
-
-
-# %% ../../nbs/20_quant8.ipynb #47982c81
-@patch
-def method_for(self: Fp8Config, layer, prefix):  # noqa: F811 - patched onto the class
-    if not self.checkpoint:
-        return RuntimeW8(torch.float8_e4m3fn, w8a8=prefix != "lm_head")  # the head: W8A16
-    if self.skipped(prefix, self.ignore):
-        return None
-    return CheckpointW8(
-        torch.float8_e4m3fn, self.block, self.activations, "weight_scale_inv" if self.block else "weight_scale"
-    )
-
-
-# %% ../../nbs/20_quant8.ipynb #17195ad2
-@patch(cls_method=True)
-def from_hf(cls: Fp8Config, qc, model_dir=None):  # noqa: F811 - patched onto the class
-    act = str(qc.get("activation_scheme", "dynamic")).lower()
-    block = qc.get("weight_block_size")
-    if act not in ("dynamic", "static"):
-        raise ValueError(f"fp8 activation_scheme '{act}' is not supported (dynamic or static)")
-    if block is not None and (len(block) != 2 or act == "static"):
-        raise ValueError(
-            f"fp8 weight_block_size {block} with activation_scheme '{act}' is not supported (two sizes, dynamic "
-            "activations)"
-        )
-    if qc.get("fmt", "e4m3") != "e4m3":
-        raise ValueError(f"fp8 format '{qc.get('fmt')}' is not supported (e4m3 only)")
-    return cls(True, block, act, qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ())
-
-
-# %% ../../nbs/20_quant8.ipynb #3c2f4fdf
-CT_FORMATS = ("int-quantized", "float-quantized", "naive-quantized")
-
-
-# %% ../../nbs/20_quant8.ipynb #b2d15fee
-def _ct_scheme(group: dict) -> tuple:
-    "`(qdtype, activations)` of one compressed-tensors config group, or ValueError naming what is unsupported."
-    w, a = group.get("weights") or {}, group.get("input_activations")
-    kind = {"int": torch.int8, "float": torch.float8_e4m3fn}.get(w.get("type"))
-    if (
-        w.get("num_bits") != 8
-        or kind is None
-        or not w.get("symmetric", True)
-        or w.get("strategy") not in ("channel", "tensor")
+    def __init__(
+        self,
+        checkpoint: bool = False,
+        block: list | tuple | None = None,
+        activations: str = "dynamic",
+        ignore: Any = (),
+        tensors: dict[str, str] | None = None,
     ):
-        raise ValueError(
-            f"compressed-tensors weights {{num_bits: {w.get('num_bits')}, type: {w.get('type')}, "
-            f"strategy: {w.get('strategy')}, "
-            f"symmetric: {w.get('symmetric')}}} are not supported: 8-bit symmetric int or float, per channel or tensor"
-        )
-    if not a:
-        return kind, None
-    if a.get("num_bits") != 8 or a.get("type") != w.get("type") or not a.get("symmetric", True):
-        raise ValueError(
-            f"compressed-tensors input_activations {a} are not supported: 8-bit symmetric, same type as the weights"
-        )
-    if a.get("dynamic") is True and a.get("strategy") == "token":
-        return kind, "dynamic"
-    if a.get("dynamic") is False and a.get("strategy") == "tensor":
-        return kind, "static"
-    raise ValueError(
-        f"compressed-tensors activations dynamic={a.get('dynamic')} strategy={a.get('strategy')} are not supported: "
-        "dynamic per token or static per tensor"
-    )
+        self.checkpoint, self.block, self.activations, self.ignore = checkpoint, block, activations, list(ignore or ())
+        self.tensors = tensors
 
+    @classmethod
+    def for_runtime(cls, name: str) -> "Fp8Config":
+        return cls()
 
-# %% ../../nbs/20_quant8.ipynb #0c4b70ab
-class CompressedTensorsConfig(QuantConfig):
-    "A compressed-tensors checkpoint in an 8-bit format (`int-quantized` W8A8/W8A16, `float-quantized` FP8)."
+    def method_for(self, layer: Layer, prefix: str) -> LinearMethod | None:
+        if not self.checkpoint:
+            return RuntimeW8(torch.float8_e4m3fn, w8a8=prefix != "lm_head")  # the head: W8A16
+        scale = "weight_scale_inv" if self.block else "weight_scale"
+        listed = self.skipped(prefix, self.ignore)
+        if not checkpoint_quantized(self.tensors, self.checkpoint_names(prefix), (scale,), listed):
+            return None
+        return CheckpointW8(torch.float8_e4m3fn, self.block, self.activations, scale)
 
-    name = "compressed-tensors"
-
-    def __init__(self, qdtype, activations, ignore=()):
-        self.qdtype, self.activations, self.ignore = qdtype, activations, list(ignore or ())
-
-
-# %% ../../nbs/20_quant8.ipynb #8c69824c
-@patch(cls_method=True)
-def for_runtime(cls: CompressedTensorsConfig, name):  # noqa: F811 - patched onto the class
-    raise ValueError(
-        "'compressed-tensors' is a checkpoint format; to quantize at load use quantization='int8' or 'fp8'"
-    )
-
-
-# %% ../../nbs/20_quant8.ipynb #7599c54e
-@patch
-def method_for(self: CompressedTensorsConfig, layer, prefix):  # noqa: F811 - patched onto the class
-    if self.skipped(prefix, self.ignore):
-        return None
-    return CheckpointW8(self.qdtype, None, self.activations, "weight_scale")
-
-
-# %% ../../nbs/20_quant8.ipynb #d76cf9f8
-@patch(cls_method=True)
-def from_hf(cls: CompressedTensorsConfig, qc, model_dir=None):  # noqa: F811 - patched onto the class
-    fmt = qc.get("format")
-    if fmt not in CT_FORMATS:
-        raise ValueError(
-            f"compressed-tensors format '{fmt}' is not supported; supported: {', '.join(CT_FORMATS)} (8-bit weights)"
-        )
-    groups = list((qc.get("config_groups") or {}).values())
-    if not groups:
-        raise ValueError("compressed-tensors quantization_config has no config_groups")
-    schemes = {_ct_scheme(g) for g in groups}
-    targets = {t for g in groups for t in g.get("targets", [])}
-    if len(schemes) != 1 or not targets <= {"Linear"}:
-        raise ValueError(
-            f"compressed-tensors with several schemes or targets other than Linear ({sorted(targets)}) is not supported"
-        )
-    ((qdtype, act),) = schemes
-    return cls(qdtype, act, qc.get("ignore") or ())
+    @classmethod
+    def from_hf(cls, qc: dict, model_dir: Any = None) -> "Fp8Config":
+        act = str(qc.get("activation_scheme", "dynamic")).lower()
+        block = qc.get("weight_block_size")
+        if act not in ("dynamic", "static"):
+            raise ValueError(f"fp8 activation_scheme '{act}' is not supported (dynamic or static)")
+        if block is not None and (len(block) != 2 or act == "static"):
+            raise ValueError(
+                f"fp8 weight_block_size {block} with activation_scheme '{act}' is not supported (two sizes, dynamic "
+                "activations)"
+            )
+        if qc.get("fmt", "e4m3") != "e4m3":
+            raise ValueError(f"fp8 format '{qc.get('fmt')}' is not supported (e4m3 only)")
+        ignore = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
+        return cls(True, block, act, ignore, stored_tensors(model_dir))
 
 
 # %% ../../nbs/20_quant8.ipynb #0d5d17dc
-def fp8_block_quantize(w: torch.Tensor, block=(128, 128), scale_dtype=torch.float32):
+def fp8_block_quantize(
+    w: torch.Tensor, block: tuple = (128, 128), scale_dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`(weight float8_e4m3fn [N, K], weight_scale_inv [ceil(N/bn), ceil(K/bk)] in scale_dtype)`, ragged last blocks
     included."""
     N, K = w.shape

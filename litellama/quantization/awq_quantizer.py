@@ -1,4 +1,4 @@
-"""`litellama quantize --method rtn|awq`: a 16-bit checkpoint to an AWQ-format 4-bit one.
+"""`litellama quantize --method rtn|awq`: a 16-bit checkpoint to a 4-bit one, in AWQ's format or compressed-tensors'.
 
 Docs: https://litellama.github.io/litellama/nbs/awq_quantizer.html.md"""
 
@@ -7,6 +7,7 @@ Docs: https://litellama.github.io/litellama/nbs/awq_quantizer.html.md"""
 # %% auto #0
 __all__ = [
     "LINEARS",
+    "QUANT_FORMATS",
     "rtn_quantize",
     "fake_quantize",
     "scaled_error",
@@ -16,12 +17,17 @@ __all__ = [
     "scale_groups",
     "fold_scales",
     "awq_calibrate",
+    "awq_tensors",
+    "ct_tensors",
     "quantize_hf_model",
+    "quantization_config",
+    "save_quantized",
     "save_awq",
     "check_quantizable",
     "quantize",
     "quantize_rtn",
     "quantize_awq",
+    "awq_to_compressed_tensors",
     "perplexity",
 ]
 
@@ -32,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from ..kernels.w4a16 import awq_pack
+from ..kernels.w4a16 import awq_pack, pack_int4
 from ..layers.linear import head_dim
 from ..utils import data_file
 
@@ -179,27 +185,73 @@ def awq_calibrate(model, ids: torch.Tensor, group_size: int, grid: int = 20, max
     return report
 
 
+# %% ../../nbs/23_awq_quantizer.ipynb #q4fmt002
+def awq_tensors(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> dict:
+    "AutoAWQ `gemm` tensors of codes `[in, out]`, zeros and scales `[in/g, out]`."
+    return dict(zip(("qweight", "qzeros", "scales"), awq_pack(codes, zeros, scales), strict=True))
+
+
+def ct_tensors(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> dict:
+    "compressed-tensors `pack-quantized` tensors (asymmetric 4-bit groups) of the same codes, zeros and scales."
+    return {
+        "weight_packed": pack_int4(codes.t(), 1),
+        "weight_zero_point": pack_int4(zeros.t(), 0),
+        "weight_scale": scales.t().to(torch.float16).contiguous(),
+        "weight_shape": torch.tensor([codes.shape[1], codes.shape[0]]),
+    }
+
+
 # %% ../../nbs/23_awq_quantizer.ipynb #f265de81
+QUANT_FORMATS = ("awq", "compressed-tensors")  # how `quantize` writes the codes
+
+
 @torch.no_grad()
-def quantize_hf_model(model, group_size: int) -> dict:
+def quantize_hf_model(model, group_size: int, fmt: str = "awq") -> dict:
     """Round every decoder projection of the HF `model` to 4 bits (in place: it keeps the dequantized weights); the
-    AWQ tensors by name."""
+    tensors of `fmt` (`QUANT_FORMATS`) by name."""
+    if fmt not in QUANT_FORMATS:
+        raise ValueError(f"unknown format '{fmt}'; use {' or '.join(QUANT_FORMATS)}")
+    pack = awq_tensors if fmt == "awq" else ct_tensors
     tensors = {}
     for name, mod in model.named_modules():
         if not isinstance(mod, torch.nn.Linear) or name.rsplit(".", 1)[-1] not in LINEARS:
             continue
         codes, zeros, scales = rtn_quantize(mod.weight, group_size)
-        qweight, qzeros, scales = awq_pack(codes, zeros, scales)
-        tensors.update({f"{name}.qweight": qweight, f"{name}.qzeros": qzeros, f"{name}.scales": scales})
+        tensors.update({f"{name}.{k}": v for k, v in pack(codes, zeros, scales).items()})
         g = torch.arange(mod.in_features) // group_size
         mod.weight.copy_(((codes.float() - zeros.float()[g]) * scales.float()[g]).t())
     return tensors
 
 
 # %% ../../nbs/23_awq_quantizer.ipynb #41759c95
-def save_awq(model, tensors: dict, out_dir, group_size: int, tokenizer=None) -> Path:
-    """Write an AWQ `gemm` checkpoint: the 4-bit `tensors`, every other tensor of `model` in fp16, and the
-    `quantization_config`."""
+def quantization_config(fmt: str, group_size: int) -> dict:
+    "The `quantization_config` of a 4-bit checkpoint: AutoAWQ's `gemm` or compressed-tensors' `pack-quantized`."
+    if fmt == "awq":
+        return dict(
+            quant_method="awq",
+            bits=4,
+            group_size=group_size,
+            zero_point=True,
+            version="gemm",
+            modules_to_not_convert=None,
+        )
+    weights = dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=group_size, dynamic=False)
+    return dict(
+        quant_method="compressed-tensors",
+        format="pack-quantized",
+        quantization_status="compressed",
+        config_groups={
+            "group_0": dict(targets=["Linear"], weights=weights, input_activations=None, format="pack-quantized")
+        },
+        ignore=["lm_head"],
+        kv_cache_scheme=None,
+        sparsity_config={},
+    )
+
+
+def save_quantized(model, tensors: dict, out_dir, group_size: int, tokenizer=None, fmt: str = "awq") -> Path:
+    """Write a 4-bit checkpoint in `fmt`: the `tensors` of `quantize_hf_model`, every other tensor of `model` in fp16,
+    and the `quantization_config`."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -215,22 +267,16 @@ def save_awq(model, tensors: dict, out_dir, group_size: int, tokenizer=None) -> 
     sd.update(tensors)
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     cfg = model.config.to_dict()
-    cfg.update(
-        dtype="float16",
-        torch_dtype="float16",
-        quantization_config=dict(
-            quant_method="awq",
-            bits=4,
-            group_size=group_size,
-            zero_point=True,
-            version="gemm",
-            modules_to_not_convert=None,
-        ),
-    )
+    cfg.update(dtype="float16", torch_dtype="float16", quantization_config=quantization_config(fmt, group_size))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+def save_awq(model, tensors: dict, out_dir, group_size: int, tokenizer=None) -> Path:
+    "`save_quantized` in AutoAWQ's `gemm` format."
+    return save_quantized(model, tensors, out_dir, group_size, tokenizer, "awq")
 
 
 # %% ../../nbs/23_awq_quantizer.ipynb #b98f5eac
@@ -264,13 +310,16 @@ def quantize(
     n_tokens: int = 2048,
     seq_len: int = 256,
     grid: int = 20,
+    fmt: str = "awq",
 ) -> dict:
-    """Quantize the 16-bit checkpoint in `model_dir` to an AWQ-format 4-bit one in `out_dir` by `method` ('rtn' or
-    'awq')."""
+    """Quantize the 16-bit checkpoint in `model_dir` to a 4-bit one in `out_dir` by `method` ('rtn' or 'awq'), written
+    in `fmt` ('awq' or 'compressed-tensors')."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if method not in ("rtn", "awq"):
         raise ValueError(f"unknown method '{method}'; use rtn or awq")
+    if fmt not in QUANT_FORMATS:
+        raise ValueError(f"unknown format '{fmt}'; use {' or '.join(QUANT_FORMATS)}")
     model_dir = Path(model_dir)
     check_quantizable(model_dir, bits, group_size)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -278,23 +327,46 @@ def quantize(
     report = []
     if method == "awq":
         report = awq_calibrate(model, calibration_ids(tok, calibration, n_tokens, seq_len), group_size, grid)
-    save_awq(model, quantize_hf_model(model, group_size), out_dir, group_size, tok)
+    save_quantized(model, quantize_hf_model(model, group_size, fmt), out_dir, group_size, tok, fmt)
     for f in ("generation_config.json", "chat_template.jinja"):
         if (model_dir / f).exists():
             shutil.copy(model_dir / f, Path(out_dir) / f)
-    return dict(method=method, bits=bits, group_size=group_size, out_dir=str(out_dir), groups=report)
+    return dict(method=method, bits=bits, group_size=group_size, format=fmt, out_dir=str(out_dir), groups=report)
 
 
 # %% ../../nbs/23_awq_quantizer.ipynb #43f1be36
-def quantize_rtn(model_dir, out_dir, bits=4, group_size=128, calibration=None):
+def quantize_rtn(model_dir, out_dir, bits=4, group_size=128, calibration=None, format="awq"):
     "The `rtn` entry of the CLI's `QUANTIZERS`."
-    return quantize(model_dir, out_dir, "rtn", bits, group_size)
+    return quantize(model_dir, out_dir, "rtn", bits, group_size, fmt=format)
 
 
 # %% ../../nbs/23_awq_quantizer.ipynb #44b5aa91
-def quantize_awq(model_dir, out_dir, bits=4, group_size=128, calibration=None):
+def quantize_awq(model_dir, out_dir, bits=4, group_size=128, calibration=None, format="awq"):
     "The `awq` entry of the CLI's `QUANTIZERS`."
-    return quantize(model_dir, out_dir, "awq", bits, group_size, calibration)
+    return quantize(model_dir, out_dir, "awq", bits, group_size, calibration, fmt=format)
+
+
+# %% ../../nbs/23_awq_quantizer.ipynb #q4fmt008
+def awq_to_compressed_tensors(awq_dir, out_dir) -> Path:
+    "Rewrite the AWQ `gemm` checkpoint in `awq_dir` as compressed-tensors `pack-quantized` in `out_dir`, code for code."
+    from safetensors.torch import load_file, save_file
+
+    from litellama.kernels.w4a16 import awq_unpack
+
+    src, out = Path(awq_dir), Path(out_dir)
+    cfg = json.loads((src / "config.json").read_text())
+    qc = cfg.get("quantization_config") or {}
+    if qc.get("quant_method") != "awq":
+        raise ValueError(f"{src} is not an AWQ checkpoint (quant_method {qc.get('quant_method')!r})")
+    sd = load_file(str(src / "model.safetensors"))
+    for name in [k.removesuffix(".qweight") for k in sd if k.endswith(".qweight")]:
+        codes, zeros = awq_unpack(sd.pop(f"{name}.qweight"), sd.pop(f"{name}.qzeros"))
+        sd.update({f"{name}.{k}": v for k, v in ct_tensors(codes, zeros, sd.pop(f"{name}.scales")).items()})
+    shutil.copytree(src, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors"))
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg["quantization_config"] = quantization_config("compressed-tensors", int(qc["group_size"]))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
 
 
 # %% ../../nbs/23_awq_quantizer.ipynb #60e08853
