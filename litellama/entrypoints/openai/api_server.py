@@ -31,6 +31,7 @@ from litellama.entrypoints.openai.protocol import (
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
+    ResponsesRequest,
     ServerLimits,
     TokenizeRequest,
     _need,
@@ -42,6 +43,7 @@ from .chat import chat_completions
 from .chat_utils import chat_prompt, prompt_ids
 from .completions import completions
 from .reasoning_parsers import reasoning_parser as find_reasoning_parser
+from .responses import responses
 from .serving import AppState
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #edb55271
@@ -324,6 +326,10 @@ def _add_generation_routes(app: Any, st: AppState) -> None:
     @app.post("/v1/chat/completions")
     async def _chat(request: Request) -> Any:
         return await _generation(st, request, ChatRequest, chat_completions)
+
+    @app.post("/v1/responses")
+    async def _responses(request: Request) -> Any:
+        return await _generation(st, request, ResponsesRequest, responses)
 
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #7db49a7d
