@@ -974,3 +974,54 @@ def test_responses_reasoning_items(thinking_server):
         evs = _events(c.responses.create(model=MODEL, input=prompt, max_output_tokens=16, temperature=0, stream=True))
         assert [o.type for o in evs[-1].response.output] == [o.type for o in r.output]
         assert "".join(e.delta for e in evs if e.type == "response.reasoning_text.delta") == "".join(thought)
+
+
+# ---------------------------------------------------------------------------------------------------- embeddings
+@pytest.fixture(scope="module")
+def pooling_server(model_dir):
+    log = open(os.path.join(model_dir, "pooling.log"), "w")
+    proc, url = start_server(model_dir, MODEL, log, pooling="mean")
+    yield url
+    stop_server(proc)
+    log.close()
+
+
+def test_embeddings_openai_client(pooling_server, model_dir):
+    """`embeddings.create` (strings and token ids, batched, float and base64, `dimensions`, unnormalized) equals HF
+    transformers' mean-pooled last hidden states, also while a generation streams on the same server."""
+    import base64
+    import numpy as np, torch
+    from transformers import AutoModel, AutoTokenizer
+    c = openai.OpenAI(base_url=pooling_server + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    texts, ids = ["Once upon a time", "The capital of France is Paris, the capital of Italy is Rome."], [5, 17, 300, 2]
+    hf, tok = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(model_dir)
+    with torch.no_grad():
+        ref = torch.stack([hf(torch.tensor([p])).last_hidden_state[0].mean(0) for p in [tok(t)["input_ids"] for t in texts] + [ids]])
+    r = c.embeddings.create(model=MODEL, input=texts, extra_body={"normalize": False})
+    got = torch.tensor([d.embedding for d in r.data])
+    torch.testing.assert_close(got, ref[:2], atol=1e-5, rtol=1e-5)
+    assert r.usage.prompt_tokens == sum(len(tok(t)["input_ids"]) for t in texts)
+    one = c.embeddings.create(model=MODEL, input=ids, dimensions=8, encoding_format="base64")
+    v = torch.tensor(np.frombuffer(base64.b64decode(one.data[0].embedding), "<f4").copy())
+    torch.testing.assert_close(v, ref[2, :8] / ref[2, :8].norm(), atol=1e-5, rtol=1e-5)
+
+    async def mixed():
+        ac = openai.AsyncOpenAI(base_url=pooling_server + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        try:
+            gen = ac.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=32, temperature=0)
+            return await asyncio.gather(gen, *[ac.embeddings.create(model=MODEL, input=[t], extra_body={"normalize": False}) for t in texts])
+        finally: await ac.close()
+    chat, *embs = asyncio.run(mixed())
+    assert chat.choices[0].message.content is not None
+    torch.testing.assert_close(torch.tensor([e.data[0].embedding for e in embs]), ref[:2], atol=1e-5, rtol=1e-5)
+    for body, param, needle in (({"input": []}, "input", "at least one"), ({"input": "x", "dimensions": 0}, "dimensions", "got 0"),
+                                ({"input": [10**9]}, "input", "token ids")):
+        e = httpx.post(pooling_server + "/v1/embeddings", json={"model": MODEL, **body}, headers=AUTH, timeout=60)
+        assert e.status_code == 400 and e.json()["error"]["param"] == param and needle in e.json()["error"]["message"], e.text
+
+
+def test_embeddings_refused_without_pooling(client):
+    "A model without a pooling config, served without `pooling`, refuses embeddings in one line."
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=MODEL, input="hi")
+    assert "declares no pooling" in e.value.body["message"] and "\n" not in e.value.body["message"]

@@ -62,6 +62,10 @@ __all__ = [
     "ResponseFunctionCall",
     "ResponseUsage",
     "ResponseObject",
+    "EmbeddingRequest",
+    "Embedding",
+    "EmbeddingUsage",
+    "EmbeddingResponse",
     "component_schemas",
     "openapi_spec",
 ]
@@ -550,8 +554,44 @@ class ResponseObject(BaseModel):
     previous_response_id: None
 
 
+# %% ../../../nbs/15a_openai_protocol.ipynb #a5227642
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr
+    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = None
+    normalize: StrictBool = True
+    user: StrictStr | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 # %% ../../../nbs/15a_openai_protocol.ipynb #2e3902c6
-REQUEST_MODELS = (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest, ResponsesRequest)
+REQUEST_MODELS = (
+    CompletionRequest,
+    ChatRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    EmbeddingRequest,
+)
 RESPONSE_MODELS = (
     ErrorResponse,
     CompletionResponse,
@@ -561,6 +601,7 @@ RESPONSE_MODELS = (
     TokenizeResponse,
     DetokenizeResponse,
     ResponseObject,
+    EmbeddingResponse,
 )
 
 # %% ../../../nbs/15a_openai_protocol.ipynb #e0c61d63
@@ -568,6 +609,7 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, type[BaseModel], boo
     ("post", "/v1/completions"): (CompletionRequest, CompletionResponse, True),
     ("post", "/v1/chat/completions"): (ChatRequest, ChatCompletionResponse, True),
     ("post", "/v1/responses"): (ResponsesRequest, ResponseObject, True),
+    ("post", "/v1/embeddings"): (EmbeddingRequest, EmbeddingResponse, False),
     ("post", "/tokenize"): (TokenizeRequest, TokenizeResponse, False),
     ("post", "/detokenize"): (DetokenizeRequest, DetokenizeResponse, False),
     ("get", "/v1/models"): (None, ModelList, False),
@@ -607,7 +649,7 @@ def component_schemas(served: str | None = None) -> dict:
     models += [(m, "serialization") for m in RESPONSE_MODELS]
     _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
     defs = defs.get("$defs", {})
-    for name in ("CompletionRequest", "ChatRequest", "ResponsesRequest"):
+    for name in ("CompletionRequest", "ChatRequest", "ResponsesRequest", "EmbeddingRequest"):
         if served:
             defs[name]["properties"]["model"] = {"type": "string", "enum": [served], "title": "Model"}
     return defs
