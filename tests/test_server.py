@@ -874,3 +874,154 @@ def test_reasoning_content_openai_client(thinking_server):
     assert (thought, answer) == (m.model_extra["reasoning_content"], m.content)
     plain = c.chat.completions.create(**{**kw, "extra_body": {"guided_regex": "(yes|no)", "chat_template_kwargs": {"enable_thinking": False}}})
     assert plain.choices[0].message.model_extra["reasoning_content"] is None and plain.choices[0].message.content in ("yes", "no")
+
+
+# ---------------------------------------------------------------------------------------------------- responses
+def _events(stream):
+    "The streamed events, checked for order: numbered 0, 1, …, created and in_progress first, a final response last."
+    evs = list(stream)
+    assert [e.sequence_number for e in evs] == list(range(len(evs)))
+    assert [e.type for e in evs[:2]] == ["response.created", "response.in_progress"], [e.type for e in evs]
+    assert evs[-1].type in ("response.completed", "response.incomplete"), evs[-1]
+    return evs
+
+
+def test_responses_openai_client(client):
+    """`responses.create` answers what the same chat answers (instructions as the system message), plain and streamed,
+    with the Responses events in order and the token counts of the chat."""
+    kw = dict(model=MODEL, input="What is the capital of France?", instructions="Be brief.", max_output_tokens=12, temperature=0)
+    chat = client.chat.completions.create(model=MODEL, max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}])
+    r = client.responses.create(**kw)
+    assert r.object == "response" and r.id.startswith("resp_") and r.output_text == chat.choices[0].message.content
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed"), r.status
+    assert [o.type for o in r.output] == ["message"] and r.store is False
+    evs = _events(client.responses.create(stream=True, **kw))
+    types = [e.type for e in evs]
+    assert types[2:4] == ["response.output_item.added", "response.content_part.added"], types
+    assert types[-4:-1] == ["response.output_text.done", "response.content_part.done", "response.output_item.done"], types
+    assert "".join(e.delta for e in evs if e.type == "response.output_text.delta") == r.output_text
+    final = evs[-1].response
+    assert final.output_text == r.output_text and final.usage.output_tokens == r.usage.output_tokens
+    items = [e for e in evs if e.type == "response.output_text.done"]
+    assert items[0].text == r.output_text and items[0].item_id == final.output[0].id
+
+
+def test_responses_input_items_match_chat(client):
+    "Message items (with parts), an earlier call and its output become the chat the template renders."
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "Weather in Oslo?"}]},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+    msgs = [{"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                                   "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    r = client.responses.create(model=MODEL, input=items, max_output_tokens=6, temperature=0)
+    c = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0)
+    assert r.output_text == c.choices[0].message.content and r.usage.input_tokens == c.usage.prompt_tokens
+
+
+def test_responses_json_schema_and_tools(client):
+    "`text.format` json_schema holds plain and streamed; a named function comes back as a `function_call` item."
+    _needs_xgrammar()
+    fmt = {"format": {"type": "json_schema", "name": "weather", "schema": SCHEMA, "strict": True}}
+    r = client.responses.create(model=MODEL, input="Weather?", text=fmt, max_output_tokens=60, temperature=0)
+    assert r.status == "completed", r
+    _valid(json.loads(r.output_text))
+    evs = _events(client.responses.create(model=MODEL, input="Weather?", text=fmt, max_output_tokens=60, temperature=0.8, stream=True))
+    _valid(json.loads("".join(e.delta for e in evs if e.type == "response.output_text.delta")))
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Rome"]}},
+                                                                     "required": ["city"], "additionalProperties": False}}
+    kw = dict(model=MODEL, input="Weather in Oslo?", tools=[tool], tool_choice={"type": "function", "name": "get_weather"},
+              max_output_tokens=40, temperature=0)
+    call = client.responses.create(**kw).output[-1]
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_"), call
+    assert json.loads(call.arguments)["city"] in ("Oslo", "Rome")
+    evs = _events(client.responses.create(stream=True, **kw))
+    done = [e for e in evs if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and done[0].arguments == call.arguments and done[0].name == "get_weather"
+    assert "".join(e.delta for e in evs if e.type == "response.function_call_arguments.delta") == call.arguments
+
+
+def test_responses_refusals(client, server):
+    "No server-side state: `store: true` and `previous_response_id` are refused in one line; bad fields are 400s naming them."
+    for kw, param, needle in ((dict(store=True), "store", "keeps no responses"),
+                              (dict(previous_response_id="resp_x"), "previous_response_id", "'resp_x'"),
+                              (dict(max_output_tokens=0), "max_output_tokens", "max_output_tokens must be at least 1"),
+                              (dict(temperature=-1.0), "temperature", "temperature"),
+                              (dict(text={"format": {"type": "json_schema", "name": "x"}}), "text", "needs a schema")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input="hi", **kw)
+        err = e.value.body
+        assert err["param"] == param and needle in err["message"] and "\n" not in err["message"], err
+    e = httpx.post(server + "/v1/responses", json={"model": MODEL, "input": []}, headers=AUTH, timeout=60)
+    assert e.status_code == 400 and e.json()["error"]["param"] == "input", e.text
+    e = httpx.post(server + "/v1/responses", json={"model": "nope", "input": "x"}, headers=AUTH, timeout=60)
+    assert e.status_code == 404 and e.json()["error"]["code"] == "model_not_found", e.text
+    _wait_idle(server)
+
+
+def test_responses_reasoning_items(thinking_server):
+    "With a reasoning parser, the chat's `reasoning_content` and `content` are the response's reasoning and message items."
+    c = openai.OpenAI(base_url=thinking_server + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    for prompt in ("Think about 2+2.", "Why is the sky blue?"):
+        m = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=16, temperature=0).choices[0].message
+        r = c.responses.create(model=MODEL, input=prompt, max_output_tokens=16, temperature=0)
+        thought = [o.content[0].text for o in r.output if o.type == "reasoning"]
+        assert thought == ([m.model_extra["reasoning_content"]] if m.model_extra.get("reasoning_content") else []), r.output
+        assert r.output_text == (m.content or "")
+        evs = _events(c.responses.create(model=MODEL, input=prompt, max_output_tokens=16, temperature=0, stream=True))
+        assert [o.type for o in evs[-1].response.output] == [o.type for o in r.output]
+        assert "".join(e.delta for e in evs if e.type == "response.reasoning_text.delta") == "".join(thought)
+
+
+# ---------------------------------------------------------------------------------------------------- embeddings
+@pytest.fixture(scope="module")
+def pooling_server(model_dir):
+    log = open(os.path.join(model_dir, "pooling.log"), "w")
+    proc, url = start_server(model_dir, MODEL, log, pooling="mean")
+    yield url
+    stop_server(proc)
+    log.close()
+
+
+def test_embeddings_openai_client(pooling_server, model_dir):
+    """`embeddings.create` (strings and token ids, batched, float and base64, `dimensions`, unnormalized) equals HF
+    transformers' mean-pooled last hidden states, also while a generation streams on the same server."""
+    import base64
+    import numpy as np, torch
+    from transformers import AutoModel, AutoTokenizer
+    c = openai.OpenAI(base_url=pooling_server + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    texts, ids = ["Once upon a time", "The capital of France is Paris, the capital of Italy is Rome."], [5, 17, 300, 2]
+    hf, tok = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(model_dir)
+    with torch.no_grad():
+        ref = torch.stack([hf(torch.tensor([p])).last_hidden_state[0].mean(0) for p in [tok(t)["input_ids"] for t in texts] + [ids]])
+    r = c.embeddings.create(model=MODEL, input=texts, extra_body={"normalize": False})
+    got = torch.tensor([d.embedding for d in r.data])
+    torch.testing.assert_close(got, ref[:2], atol=1e-5, rtol=1e-5)
+    assert r.usage.prompt_tokens == sum(len(tok(t)["input_ids"]) for t in texts)
+    one = c.embeddings.create(model=MODEL, input=ids, dimensions=8, encoding_format="base64")
+    v = torch.tensor(np.frombuffer(base64.b64decode(one.data[0].embedding), "<f4").copy())
+    torch.testing.assert_close(v, ref[2, :8] / ref[2, :8].norm(), atol=1e-5, rtol=1e-5)
+
+    async def mixed():
+        ac = openai.AsyncOpenAI(base_url=pooling_server + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        try:
+            gen = ac.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=32, temperature=0)
+            return await asyncio.gather(gen, *[ac.embeddings.create(model=MODEL, input=[t], extra_body={"normalize": False}) for t in texts])
+        finally: await ac.close()
+    chat, *embs = asyncio.run(mixed())
+    assert chat.choices[0].message.content is not None
+    torch.testing.assert_close(torch.tensor([e.data[0].embedding for e in embs]), ref[:2], atol=1e-5, rtol=1e-5)
+    for body, param, needle in (({"input": []}, "input", "at least one"), ({"input": "x", "dimensions": 0}, "dimensions", "got 0"),
+                                ({"input": [10**9]}, "input", "token ids")):
+        e = httpx.post(pooling_server + "/v1/embeddings", json={"model": MODEL, **body}, headers=AUTH, timeout=60)
+        assert e.status_code == 400 and e.json()["error"]["param"] == param and needle in e.json()["error"]["message"], e.text
+
+
+def test_embeddings_refused_without_pooling(client):
+    "A model without a pooling config, served without `pooling`, refuses embeddings in one line."
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=MODEL, input="hi")
+    assert "declares no pooling" in e.value.body["message"] and "\n" not in e.value.body["message"]

@@ -34,6 +34,7 @@ SECTIONS = [
     ("Parallelism", ["nbs/24*", "nbs/25*", "nbs/26*", "nbs/27*"]),
     ("Vision", ["nbs/28*", "nbs/29*", "nbs/30*"]),
     ("Speculative decoding", ["nbs/31*", "nbs/32*", "nbs/33*"]),
+    ("Embeddings", ["nbs/34*"]),
     ("Benchmarks", ["benchmarks_nb/*"]),
 ]
 

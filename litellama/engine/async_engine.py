@@ -123,7 +123,7 @@ def _run(self: AsyncLLMEngine):
 # %% ../../nbs/13_async_engine.ipynb #600dfac0
 @patch
 def _apply(self: AsyncLLMEngine, kind: str, rid: str | None, arg: Any) -> None:
-    "One command on the engine thread: `add` (an error goes to the request's own queue), `abort` or `score`."
+    "One command on the engine thread: `add` (an error goes to the request's own queue), `abort`, `score` or `call`."
     if kind == "add":
         prompt, params = arg
         try:
@@ -134,6 +134,12 @@ def _apply(self: AsyncLLMEngine, kind: str, rid: str | None, arg: Any) -> None:
         self.engine.abort_request(rid)
     elif kind == "score":
         self._scores.append(arg)
+    elif kind == "call":
+        fn, fut = arg
+        try:
+            self._settle(fut, fn(), None)
+        except Exception as e:
+            self._settle(fut, None, e)
 
 
 # %% ../../nbs/13_async_engine.ipynb #bac580e5
@@ -368,3 +374,15 @@ async def _prompt_logprobs(self, ids: list, num_logprobs: int = 0) -> list:
 
 # %% ../../nbs/13_async_engine.ipynb #fb72764d
 AsyncLLMEngine.prompt_logprobs = _prompt_logprobs  # a method of the same name as the function above
+
+
+# %% ../../nbs/13_async_engine.ipynb #c7c6e437
+async def _call(self: AsyncLLMEngine, fn: Any) -> Any:
+    "`fn()` run on the engine thread between steps: its result, or its error."
+    await self._ready()
+    fut = asyncio.get_running_loop().create_future()
+    self._commands.put(("call", None, (fn, fut)))
+    return await fut
+
+
+AsyncLLMEngine.call = _call  # type: ignore[attr-defined]

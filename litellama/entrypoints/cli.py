@@ -253,6 +253,7 @@ def cmd_serve(a):
         served_model_name=a.served_model_name,
         allowed_local_media_path=a.allowed_local_media_path,
         reasoning_parser=a.reasoning_parser,
+        pooling=a.pooling,
         **_engine_options(a),
     )
 
@@ -494,6 +495,12 @@ def _add_serve(sub):
         "--reasoning-parser",
         default=None,
         help="split chat replies into reasoning_content and content: qwen3 or deepseek_r1",
+    )
+    s.add_argument(
+        "--pooling",
+        default=None,
+        choices=("last", "mean", "cls"),
+        help="how /v1/embeddings pools hidden states: last, mean or cls (default: the checkpoint's own config)",
     )
 
 

@@ -10,10 +10,12 @@ __all__ = ["CompletionOutput", "RequestOutput", "LLM", "TextGenerator", "VisionG
 # %% ../../nbs/14_llm.ipynb #53b15b40
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from ..engine.data_parallel import engine_from_pretrained
+from ..engine.pooling import embed_ids, finish_embeddings, pooling_of
 from ..models.interfaces import SupportsImages
 from ..multimodal.processing import chat_images
 from ..sampling_params import SamplingParams
@@ -166,6 +168,25 @@ def apply_chat_template(self: LLM, messages) -> str:
     if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
         raise ValueError("this checkpoint's tokenizer has no chat template")
     return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# %% ../../nbs/14_llm.ipynb #74b0506d
+@patch
+def embed(
+    self: LLM, inputs: Any, pooling: str | None = None, normalize: bool = True, dimensions: int | None = None
+) -> list[list[float]]:
+    "One vector per input: a string or token ids, or a list of them."
+    how = pooling or pooling_of(self.model_dir)
+    if how is None:
+        msg = f"{self.model_dir} declares no pooling (no sentence-transformers modules.json)"
+        msg += "; name one, e.g. pooling='last'"
+        raise ValueError(msg)
+    eng: Any = self.engine  # one engine, not data-parallel replicas
+    if not hasattr(eng, "block_manager"):
+        raise ValueError("embeddings need data_parallel_size=1")
+    items = [inputs] if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)) else list(inputs)
+    ids = [eng.tokenize(x) if isinstance(x, str) else list(x) for x in items]
+    return finish_embeddings(embed_ids(eng, ids, how), normalize, dimensions).tolist()
 
 
 # %% ../../nbs/14_llm.ipynb #68803090

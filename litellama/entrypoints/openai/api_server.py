@@ -31,6 +31,8 @@ from litellama.entrypoints.openai.protocol import (
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
+    ResponsesRequest,
     ServerLimits,
     TokenizeRequest,
     _need,
@@ -38,10 +40,13 @@ from litellama.entrypoints.openai.protocol import (
     openapi_spec,
 )
 
+from ...engine.pooling import POOLING_TYPES
 from .chat import chat_completions
 from .chat_utils import chat_prompt, prompt_ids
 from .completions import completions
+from .embeddings import embeddings
 from .reasoning_parsers import reasoning_parser as find_reasoning_parser
+from .responses import responses
 from .serving import AppState
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #edb55271
@@ -325,6 +330,14 @@ def _add_generation_routes(app: Any, st: AppState) -> None:
     async def _chat(request: Request) -> Any:
         return await _generation(st, request, ChatRequest, chat_completions)
 
+    @app.post("/v1/responses")
+    async def _responses(request: Request) -> Any:
+        return await _generation(st, request, ResponsesRequest, responses)
+
+    @app.post("/v1/embeddings")
+    async def _embeddings(request: Request) -> Any:
+        return await _generation(st, request, EmbeddingRequest, embeddings)
+
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #7db49a7d
 def _add_status_routes(app: Any, st: AppState) -> None:
@@ -391,14 +404,16 @@ def build_app(
     api_key: str | None = None,
     limits: ServerLimits | None = None,
     reasoning_parser: str | None = None,
+    pooling: str | None = None,
 ) -> Any:
     """A FastAPI app serving `async_engine` under the model name `served_model_name`, within `limits`;
-    `reasoning_parser`: the name of the parser that splits chat replies into reasoning and answer."""
+    `reasoning_parser`: the name of the parser that splits chat replies into reasoning and answer;
+    `pooling`: how embeddings pool (None: as the checkpoint says)."""
     fastapi = _need("fastapi")
     parser = find_reasoning_parser(reasoning_parser) if reasoning_parser is not None else None
     app = fastapi.FastAPI(title="litellama", lifespan=_lifespan(async_engine))
     st = app.state.litellama = _app_state(async_engine, served_model_name, limits)
-    st.reasoning_parser = parser
+    st.reasoning_parser, st.pooling = parser, pooling
     _add_error_handlers(app)
     if api_key is not None:
         app.add_middleware(BearerAuth, api_key=api_key)
@@ -453,19 +468,22 @@ def serve(
     limits: ServerLimits | None = None,
     allowed_local_media_path: str | None = None,
     reasoning_parser: str | None = None,
+    pooling: str | None = None,
     **engine_options: Any,
 ) -> int:
     "Load `model_dir` (default: the bundled model) and serve it over HTTP until SIGTERM or Ctrl-C."
     uvicorn = _need("uvicorn")
     if reasoning_parser is not None:
         find_reasoning_parser(reasoning_parser)  # a wrong name fails before the model loads
+    if pooling is not None and pooling not in POOLING_TYPES:
+        raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}, got {pooling!r}")
     _need("fastapi")
     _need("prometheus_client")
     from litellama.engine.async_engine import AsyncLLMEngine
 
     engine = AsyncLLMEngine.from_pretrained(model_dir, **engine_options)  # type: ignore[attr-defined]
     name = served_model_name or (engine.engine.model_dir.name if engine.engine.model_dir else "litellama")
-    app = build_app(engine, name, api_key=api_key, limits=limits, reasoning_parser=reasoning_parser)
+    app = build_app(engine, name, api_key=api_key, limits=limits, reasoning_parser=reasoning_parser, pooling=pooling)
     app.state.litellama.allowed_local_media_path = allowed_local_media_path  # image files may come from here only
     _quiet_loop()
     _run_uvicorn(uvicorn, app, host, port)

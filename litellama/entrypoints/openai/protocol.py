@@ -48,6 +48,24 @@ __all__ = [
     "Health",
     "TokenizeResponse",
     "DetokenizeResponse",
+    "ResponseContentPart",
+    "ResponseInputItem",
+    "ResponseTextFormat",
+    "ResponseText",
+    "FunctionTool",
+    "ResponseToolChoice",
+    "ResponsesRequest",
+    "ResponseOutputText",
+    "ResponseReasoningText",
+    "ResponseOutputMessage",
+    "ResponseReasoningItem",
+    "ResponseFunctionCall",
+    "ResponseUsage",
+    "ResponseObject",
+    "EmbeddingRequest",
+    "Embedding",
+    "EmbeddingUsage",
+    "EmbeddingResponse",
     "component_schemas",
     "openapi_spec",
 ]
@@ -397,8 +415,183 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+# %% ../../../nbs/15a_openai_protocol.ipynb #7064ad42
+class ResponseContentPart(BaseModel):
+    type: Literal["input_text", "output_text", "input_image"]
+    text: StrictStr | None = None
+    image_url: StrictStr | None = None
+    detail: StrictStr | None = None
+
+
+class ResponseInputItem(BaseModel):
+    "A message, an earlier `function_call`, or the `function_call_output` that answers it."
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Literal["user", "assistant", "system", "developer"] | None = None
+    content: StrictStr | list[ResponseContentPart] | None = None
+    call_id: StrictStr | None = None
+    name: StrictStr | None = None
+    arguments: StrictStr | None = None
+    output: StrictStr | None = None
+
+
+# %% ../../../nbs/15a_openai_protocol.ipynb #f585b096
+class ResponseTextFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    name: StrictStr = "response"
+    description: StrictStr | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseText(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: ResponseTextFormat | None = None
+
+
+class FunctionTool(BaseModel):
+    type: Literal["function"]
+    name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: StrictStr | None = None
+    parameters: dict | None = None
+    strict: StrictBool | None = None
+
+
+class ResponseToolChoice(BaseModel):
+    type: Literal["function"]
+    name: StrictStr
+
+
+# %% ../../../nbs/15a_openai_protocol.ipynb #cedc60ae
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr
+    input: StrictStr | list[ResponseInputItem]
+    instructions: StrictStr | None = None
+    max_output_tokens: StrictInt | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    text: ResponseText | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponseToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
+    reasoning: dict[str, Any] | None = None
+    stream: StrictBool = False
+    store: StrictBool | None = None
+    previous_response_id: StrictStr | None = None
+    metadata: dict[str, StrictStr] | None = None
+    user: StrictStr | None = None
+
+
+# %% ../../../nbs/15a_openai_protocol.ipynb #ced67045
+class ResponseOutputText(BaseModel):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[dict]
+
+
+class ResponseReasoningText(BaseModel):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ResponseOutputMessage(BaseModel):
+    type: Literal["message"]
+    id: str
+    status: Literal["completed", "incomplete"]
+    role: Literal["assistant"]
+    content: list[ResponseOutputText]
+
+
+class ResponseReasoningItem(BaseModel):
+    type: Literal["reasoning"]
+    id: str
+    status: Literal["completed", "incomplete"]
+    summary: list[dict]
+    content: list[ResponseReasoningText]
+
+
+class ResponseFunctionCall(BaseModel):
+    type: Literal["function_call"]
+    id: str
+    status: Literal["completed", "incomplete"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+# %% ../../../nbs/15a_openai_protocol.ipynb #ef82f17d
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens_details: dict[str, int]
+
+
+class ResponseObject(BaseModel):
+    model_config = ConfigDict(title="Response")
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete"]
+    model: str
+    output: list[ResponseReasoningItem | ResponseOutputMessage | ResponseFunctionCall]
+    usage: ResponseUsage
+    incomplete_details: dict[str, str] | None
+    error: None
+    instructions: str | None
+    max_output_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    tools: list[FunctionTool]
+    tool_choice: str | ResponseToolChoice
+    parallel_tool_calls: bool
+    text: dict[str, Any]
+    metadata: dict[str, str] | None
+    store: bool
+    previous_response_id: None
+
+
+# %% ../../../nbs/15a_openai_protocol.ipynb #a5227642
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr
+    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = None
+    normalize: StrictBool = True
+    user: StrictStr | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 # %% ../../../nbs/15a_openai_protocol.ipynb #2e3902c6
-REQUEST_MODELS = (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest)
+REQUEST_MODELS = (
+    CompletionRequest,
+    ChatRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    EmbeddingRequest,
+)
 RESPONSE_MODELS = (
     ErrorResponse,
     CompletionResponse,
@@ -407,12 +600,16 @@ RESPONSE_MODELS = (
     Health,
     TokenizeResponse,
     DetokenizeResponse,
+    ResponseObject,
+    EmbeddingResponse,
 )
 
 # %% ../../../nbs/15a_openai_protocol.ipynb #e0c61d63
 ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, type[BaseModel], bool]] = {
     ("post", "/v1/completions"): (CompletionRequest, CompletionResponse, True),
     ("post", "/v1/chat/completions"): (ChatRequest, ChatCompletionResponse, True),
+    ("post", "/v1/responses"): (ResponsesRequest, ResponseObject, True),
+    ("post", "/v1/embeddings"): (EmbeddingRequest, EmbeddingResponse, False),
     ("post", "/tokenize"): (TokenizeRequest, TokenizeResponse, False),
     ("post", "/detokenize"): (DetokenizeRequest, DetokenizeResponse, False),
     ("get", "/v1/models"): (None, ModelList, False),
@@ -452,7 +649,7 @@ def component_schemas(served: str | None = None) -> dict:
     models += [(m, "serialization") for m in RESPONSE_MODELS]
     _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
     defs = defs.get("$defs", {})
-    for name in ("CompletionRequest", "ChatRequest"):
+    for name in ("CompletionRequest", "ChatRequest", "ResponsesRequest", "EmbeddingRequest"):
         if served:
             defs[name]["properties"]["model"] = {"type": "string", "enum": [served], "title": "Model"}
     return defs

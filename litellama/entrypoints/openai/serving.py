@@ -156,6 +156,7 @@ class AppState:
     created: int = field(default_factory=lambda: int(time.time()))
     allowed_local_media_path: str | None = None  # image files may come from here only
     reasoning_parser: type[ReasoningParser] | None = None  # splits chat replies into reasoning and answer
+    pooling: str | None = None  # embeddings: the pooling named at startup (None: the checkpoint's own)
 
 
 # %% ../../../nbs/15e_openai_serving.ipynb #b34bf7b1
