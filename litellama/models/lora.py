@@ -15,6 +15,7 @@ __all__ = [
     "read_adapter",
     "layer_slices",
     "stack_layer",
+    "LoRARequest",
 ]
 
 # %% ../../nbs/32_lora.ipynb #30564f30
@@ -197,3 +198,19 @@ def stack_layer(mod: Linear, lw: LoRALayerWeights | None, r_max: int, dtype: tor
             r = lw.a[shard].shape[0]
             a[j, :r], b[off : off + size, :r] = lw.a[shard], lw.b[shard]
     return a, b
+
+
+# %% ../../nbs/32_lora.ipynb #831e9b7c
+@dataclass(frozen=True)
+class LoRARequest:
+    "An adapter a request asks for: its `name`, a positive integer `id` unique per adapter, and its PEFT directory."
+
+    name: str
+    id: int
+    path: str | Path
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"LoRARequest: name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.id, bool) or not isinstance(self.id, int) or self.id < 1:
+            raise ValueError(f"LoRARequest '{self.name}': id must be an integer of at least 1, got {self.id!r}")
