@@ -51,6 +51,8 @@ _REFUSED = {  # field -> the value a servable adapter has (absent counts as this
     "exclude_modules": None,
     "target_parameters": None,
     "lora_bias": False,
+    "fan_in_fan_out": False,  # GPT-2's transposed Conv1D weights
+    "layer_replication": None,
 }
 
 
@@ -73,7 +75,7 @@ class AdapterConfig:
         "Check a parsed `adapter_config.json`; raise `AdapterError` for anything this engine would serve wrongly."
         for key, ok in _REFUSED.items():
             v = d.get(key, ok)
-            if v != ok and not (ok is None and not v) and not (ok == {} and not v):
+            if v != ok and not (ok in (None, {}) and not v):  # an empty list or dict is as good as none
                 raise AdapterError(f"{where}: {key}={v!r} is not supported (only {key}={ok!r})")
         targets = d.get("target_modules")
         if not targets:
