@@ -35,6 +35,7 @@ SECTIONS = [
     ("Vision", ["nbs/28*", "nbs/29*", "nbs/30*"]),
     ("Speculative decoding", ["nbs/31*", "nbs/32*", "nbs/33*"]),
     ("Embeddings", ["nbs/34*"]),
+    ("LoRA adapters", ["nbs/35*"]),
     ("Benchmarks", ["benchmarks_nb/*"]),
 ]
 

@@ -179,6 +179,11 @@ OPS = OPS + ("mrope_cos_sin",)
 BACKENDS["triton"].impls["mrope_cos_sin"] = _K + "rope:mrope_cos_sin"
 BACKENDS["torch"].impls["mrope_cos_sin"] = _K + "rope:mrope_cos_sin_ref"
 
+# %% ../../kernels_nb/01_registry.ipynb #l0ra0b5e
+OPS = OPS + ("lora_shrink", "lora_expand")
+BACKENDS["triton"].impls.update(lora_shrink=_K + "lora:lora_shrink", lora_expand=_K + "lora:lora_expand")
+BACKENDS["torch"].impls.update(lora_shrink=_K + "lora:lora_shrink_ref", lora_expand=_K + "lora:lora_expand_ref")
+
 
 # %% ../../kernels_nb/01_registry.ipynb #59fe5bd5
 def _env_choice(op):
