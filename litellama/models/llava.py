@@ -187,6 +187,7 @@ class LlavaForConditionalGeneration(nn.Module):
     decoder."""
 
     packed_modules, ignored_suffixes = CausalLM.packed_modules, CausalLM.ignored_suffixes
+    checkpoint_tensors = CausalLM.checkpoint_tensors  # the checkpoint's tensors load as they are
 
     def __init__(
         self,

@@ -82,6 +82,7 @@ class Qwen3VLForConditionalGeneration(nn.Module):
     first layers."""
 
     packed_modules, ignored_suffixes = CausalLM.packed_modules, CausalLM.ignored_suffixes
+    checkpoint_tensors = CausalLM.checkpoint_tensors  # the checkpoint's tensors load as they are
     uses_mrope = True
     num_image_tokens = None  # depends on each image's size
 
