@@ -221,7 +221,7 @@ def blocks(text: str) -> dict:
 
 
 # %% ../../benchmarks_nb/03_report.ipynb #6ec48694
-NOTEBOOKS = ("nbs/index.ipynb", "benchmarks_nb/01_suites.ipynb", "benchmarks_nb/02_cpu_peers.ipynb")
+NOTEBOOKS = ("nbs/index.ipynb", "benchmarks_nb/01a_suites.ipynb", "benchmarks_nb/02_cpu_peers.ipynb")
 
 
 # %% ../../benchmarks_nb/03_report.ipynb #15bb5ece
