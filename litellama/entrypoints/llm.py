@@ -86,7 +86,7 @@ def _as_lists(prompts, params) -> tuple:
 @patch
 def _add_requests(self: LLM, prompts: list, plist: list) -> tuple:
     "Add every prompt: `(request ids, {request id: RequestOutput with empty completions})`."
-    ids = [p if isinstance(p, dict) else self.engine.tokenize(p) for p in prompts]
+    ids: list = [p if isinstance(p, dict) else self.engine.tokenize(p) for p in prompts]
     rids = [self.engine.add_request(t, sp, stream=False) for t, sp in zip(ids, plist, strict=True)]
     seq = lambda r: self.engine.requests[r][0].seq  # a dict prompt's ids are known once its images are expanded
     ids = [

@@ -60,7 +60,7 @@ def build(cls: SamplingTensors, rows, vocab: int, device, bitmask: torch.Tensor 
     when the row uses no penalty, and `prompt_ids` then unused. `bitmask`: the structured-output masks, on the host."""
     P = [r[0] for r in rows]
     f = lambda vals, dt=torch.float32: _upload(vals, dt, device)
-    st = cls(*([None] * 6), all_greedy=True) if all(p.greedy for p in P) else _sampled(cls, rows, P, vocab, f)
+    st = cls(*([None] * 6), all_greedy=True) if all(p.greedy for p in P) else _sampled(cls, rows, P, vocab, f)  # type: ignore[operator]
     st.num_logprobs = max([p.logprobs or 0 for p in P] + [0]) if any(p.logprobs is not None for p in P) else -1
     if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in P):
         _add_penalties(st, rows, P, vocab, device, f)
@@ -142,6 +142,8 @@ def apply_penalties(logits, st: SamplingTensors):
     "Repetition (prompt and output tokens), presence and frequency (output tokens) penalties."
     if st.output_counts is None:
         return logits
+    assert st.prompt_mask is not None and st.repetition is not None  # built with the counts
+    assert st.frequency is not None and st.presence is not None
     seen = st.prompt_mask | (st.output_counts > 0)
     r = st.repetition[:, None]
     logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
@@ -151,6 +153,7 @@ def apply_penalties(logits, st: SamplingTensors):
 # %% ../../nbs/07_sampling.ipynb #4ed7101d
 def filter_probs(logits, st: SamplingTensors):
     "Temperature, then top-k, top-p and min-p: the probabilities that remain, renormalised."
+    assert st.temperature is not None and st.top_k is not None and st.top_p is not None and st.min_p is not None
     temp = torch.where(st.temperature > 0, st.temperature, torch.ones_like(st.temperature))
     probs = (logits / temp[:, None]).softmax(-1)
     sorted_p, order = probs.sort(-1, descending=True)
@@ -189,6 +192,7 @@ def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
     if st.all_greedy:
         ids = logits.argmax(-1)
     else:
+        assert st.temperature is not None and st.seeds is not None and st.steps is not None  # set unless all greedy
         ids = ops.gumbel_argmax(logits, st.temperature, st.seeds, st.steps)  # rows without filters: one pass, no sort
         if st.filtered is not None:  # rows with filters: sort, filter, same noise
             race = filter_probs(logits, st) / -uniform_noise(st.seeds, st.steps, logits.shape[-1]).log()
