@@ -55,7 +55,9 @@ class SamplingTensors:
 
 # %% ../../nbs/07_sampling.ipynb #7f4041f0
 @patch(cls_method=True)
-def build(cls: SamplingTensors, rows, vocab: int, device, bitmask: torch.Tensor | None = None):
+def build(
+    cls: SamplingTensors, rows: list, vocab: int, device: str | torch.device, bitmask: torch.Tensor | None = None
+) -> SamplingTensors:
     """`rows`: per row `(params, seed, prompt_ids, output_ids, eos_ids)`; `output_ids` may be just its length (an int)
     when the row uses no penalty, and `prompt_ids` then unused. `bitmask`: the structured-output masks, on the host."""
     P = [r[0] for r in rows]
@@ -82,7 +84,7 @@ def build(cls: SamplingTensors, rows, vocab: int, device, bitmask: torch.Tensor 
 
 
 # %% ../../nbs/07_sampling.ipynb #c2285e63
-def _sampled(cls, rows, P, vocab: int, f) -> SamplingTensors:
+def _sampled(cls, rows: list, P: list, vocab: int, f) -> SamplingTensors:
     "The tensors of a batch in which some row samples: temperature, top-k/p, min-p, seeds and steps, in two copies."
     fl = f([[p.temperature for p in P], [p.top_p for p in P], [p.min_p for p in P]])
     it = f(
@@ -96,7 +98,7 @@ def _sampled(cls, rows, P, vocab: int, f) -> SamplingTensors:
 
 
 # %% ../../nbs/07_sampling.ipynb #5a31f7ab
-def _add_penalties(st: SamplingTensors, rows, P, vocab: int, device, f):
+def _add_penalties(st: SamplingTensors, rows: list, P: list, vocab: int, device: str | torch.device, f) -> None:
     "Each row's penalty factors, the `[S, V]` counts of its output tokens and the mask of its prompt tokens."
     st.repetition, st.presence, st.frequency = (
         f([p.repetition_penalty for p in P]),
@@ -113,12 +115,12 @@ def _add_penalties(st: SamplingTensors, rows, P, vocab: int, device, f):
 
 
 # %% ../../nbs/07_sampling.ipynb #591c908b
-def _n(out) -> int:
+def _n(out: int | list) -> int:
     return out if isinstance(out, int) else len(out)
 
 
 # %% ../../nbs/07_sampling.ipynb #fe07d1d9
-def _upload(vals, dtype, device) -> torch.Tensor:
+def _upload(vals: list, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     "`vals` as a tensor on `device`; to a GPU through pinned memory, so that the host does not wait for the GPU."
     t = torch.tensor(vals, dtype=dtype)
     return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t
@@ -138,7 +140,7 @@ def unpack_bitmask(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 # %% ../../nbs/07_sampling.ipynb #92b05091
-def apply_penalties(logits, st: SamplingTensors):
+def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     "Repetition (prompt and output tokens), presence and frequency (output tokens) penalties."
     if st.output_counts is None:
         return logits
@@ -151,7 +153,7 @@ def apply_penalties(logits, st: SamplingTensors):
 
 
 # %% ../../nbs/07_sampling.ipynb #4ed7101d
-def filter_probs(logits, st: SamplingTensors):
+def filter_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     "Temperature, then top-k, top-p and min-p: the probabilities that remain, renormalised."
     assert st.temperature is not None and st.top_k is not None and st.top_p is not None and st.min_p is not None
     temp = torch.where(st.temperature > 0, st.temperature, torch.ones_like(st.temperature))
