@@ -49,10 +49,12 @@ check-sync: $(VENV)/.dev
 	  git status --porcelain; exit 1; fi
 
 # The house rules ([tool.ruff] in pyproject.toml), on the package exactly as nbdev exports it (its export processor,
-# nbs/19a_export.ipynb, writes ruff format's layout) and on the notebooks it is exported from.
+# nbs/19a_export.ipynb, writes ruff format's layout) and on the notebooks it is exported from; then the type checker
+# on the folders listed in [tool.mypy].
 lint: $(VENV)/.dev
 	$(BIN)/ruff check litellama
 	$(BIN)/ruff format --check litellama $(wildcard nbs/*.ipynb kernels_nb/*.ipynb benchmarks_nb/*.ipynb)
+	$(BIN)/mypy
 
 nbtest: $(VENV)/.dev
 	$(BIN)/nbdev-test --n-workers 2 --timing

@@ -21,7 +21,9 @@ class IncrementalDetokenizer:
 
     LAZY_CHUNK = 16  # held tokens a lazy detokenizer decodes at a time
 
-    def __init__(self, tokenizer, prompt_ids, stop=(), skip_special_tokens=True, lazy=False):
+    def __init__(
+        self, tokenizer, prompt_ids: list, stop=(), skip_special_tokens: bool = True, lazy: bool = False
+    ) -> None:
         self.tok, self.stop, self.skip = tokenizer, list(stop), skip_special_tokens
         self.lazy = lazy and not self.stop  # no deltas wanted, no stop strings: decode in chunks, text at the end
         self._longest_stop = max((len(s) for s in self.stop), default=0)
@@ -45,7 +47,7 @@ class IncrementalDetokenizer:
 
 # %% ../../nbs/10_detokenizer.ipynb #09e215dd
 @patch
-def _open_stream(self: IncrementalDetokenizer, ctx):
+def _open_stream(self: IncrementalDetokenizer, ctx: list):
     """The Rust tokenizer's `DecodeStream`, continuing after the ids `ctx`; None with an older `tokenizers` (windows
     are decoded here instead)."""
     try:
@@ -58,7 +60,7 @@ def _open_stream(self: IncrementalDetokenizer, ctx):
 
 # %% ../../nbs/10_detokenizer.ipynb #1e5a8775
 @patch
-def _decode(self: IncrementalDetokenizer, ids):
+def _decode(self: IncrementalDetokenizer, ids: list) -> str:
     if self._fast is not None:
         return self._fast(ids, skip_special_tokens=self.skip)
     return self.tok.decode(ids, skip_special_tokens=self.skip)
@@ -66,7 +68,7 @@ def _decode(self: IncrementalDetokenizer, ids):
 
 # %% ../../nbs/10_detokenizer.ipynb #85abdaa8
 @patch
-def _catch_up(self: IncrementalDetokenizer):
+def _catch_up(self: IncrementalDetokenizer) -> None:
     "Lazy: the text of the held tokens in one window; token by token instead where the window cuts a character (`�`)."
     before, whole = self._decode(self.ids[self.prefix : self.read]), self._decode(self.ids[self.prefix :])
     if "\ufffd" not in whole and "\ufffd" not in before:

@@ -37,21 +37,21 @@ from ..config import EngineArgs
 
 
 # %% ../../nbs/16_cli.ipynb #80b0968d
-def _engine_args(p):
+def _engine_args(p: argparse.ArgumentParser) -> None:
     "The engine's flags on subcommand parser `p`."
     EngineArgs.add_cli_args(p)
 
 
 # %% ../../nbs/16_cli.ipynb #8701cf80
-def _engine_options(a) -> dict:
+def _engine_options(a: argparse.Namespace) -> dict:
     "The engine options given on the command line, as keyword arguments (all but `--model-dir`), checked."
-    opts = EngineArgs.from_cli_args(a).to_kwargs()
+    opts = EngineArgs.from_cli_args(a).to_kwargs()  # type: ignore[attr-defined]  # declared by @patch
     opts.pop("model", None)
     return opts
 
 
 # %% ../../nbs/16_cli.ipynb #877ca686
-def _sampling_args(p, max_tokens=256):
+def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -60,7 +60,7 @@ def _sampling_args(p, max_tokens=256):
 
 
 # %% ../../nbs/16_cli.ipynb #18a79ded
-def _params(a, **kw):
+def _params(a: argparse.Namespace, **kw):
     from litellama.sampling_params import SamplingParams
 
     return SamplingParams(
@@ -69,14 +69,14 @@ def _params(a, **kw):
 
 
 # %% ../../nbs/16_cli.ipynb #b76fa889
-def _llm(a):
+def _llm(a: argparse.Namespace):
     from litellama.entrypoints.llm import LLM
 
     return LLM(a.model, **_engine_options(a))
 
 
 # %% ../../nbs/16_cli.ipynb #16d90a73
-def cmd_generate(a):
+def cmd_generate(a: argparse.Namespace) -> None:
     "Complete each `--prompt` and print the completions."
     llm = _llm(a)
     outs = (
@@ -107,7 +107,7 @@ def _stream_reply(eng, prompt, params) -> str:
 
 
 # %% ../../nbs/16_cli.ipynb #2b93647a
-def cmd_chat(a):
+def cmd_chat(a: argparse.Namespace) -> None:
     "Interactive chat through the chat template, tokens streamed as they come."
     llm = _llm(a)
     history = [{"role": "system", "content": a.system}] if a.system else []
@@ -136,7 +136,7 @@ DEMO_PROMPTS = [
 
 
 # %% ../../nbs/16_cli.ipynb #016ba956
-def _batch_rows(prompts, info: dict, t0: float) -> list:
+def _batch_rows(prompts: list, info: dict, t0: float) -> list:
     "One row of figures per request."
     return [
         dict(
@@ -153,11 +153,11 @@ def _batch_rows(prompts, info: dict, t0: float) -> list:
 
 
 # %% ../../nbs/16_cli.ipynb #297dc531
-def run_batch(engine, prompts, params):
+def run_batch(engine, prompts: list, params) -> tuple:
     "Run `prompts` through `engine` at once; per-request TTFT, TPOT and tokens, plus the wall time."
     t0 = time.perf_counter()
     rids = [engine.add_request(p, params) for p in prompts]
-    info = {r: dict(first=None, last=None, tokens=0, text="", finish_reason=None) for r in rids}
+    info: dict = {r: dict(first=None, last=None, tokens=0, text="", finish_reason=None) for r in rids}
     while engine.has_unfinished_requests():
         outs = engine.step()
         now = time.perf_counter()
@@ -172,7 +172,7 @@ def run_batch(engine, prompts, params):
 
 
 # %% ../../nbs/16_cli.ipynb #7722d235
-def _read_prompts(path) -> list:
+def _read_prompts(path: str | None) -> list:
     "A prompt file: one prompt per line, or a JSON list; none: the demo prompts."
     if not path:
         return DEMO_PROMPTS
@@ -184,7 +184,7 @@ def _read_prompts(path) -> list:
 
 
 # %% ../../nbs/16_cli.ipynb #c3964983
-def _print_batch(rows, wall, stats, show_stats: bool):
+def _print_batch(rows: list, wall: float, stats, show_stats: bool) -> None:
     for r in rows:
         print(f"[{r['request']}] {r['text'].strip()[:200]!r}")
         if show_stats:
@@ -201,7 +201,7 @@ def _print_batch(rows, wall, stats, show_stats: bool):
 
 
 # %% ../../nbs/16_cli.ipynb #1dbbca99
-def cmd_batch(a):
+def cmd_batch(a: argparse.Namespace) -> None:
     "Run a prompt file (one prompt per line, or a JSON list) through the scheduler and report the figures."
     from litellama.engine.data_parallel import engine_from_pretrained
 
@@ -219,7 +219,7 @@ def cmd_batch(a):
 
 
 # %% ../../nbs/16_cli.ipynb #447dd616
-def cmd_demo(a):
+def cmd_demo(a: argparse.Namespace) -> None:
     "The bundled model answers a handful of questions in one batch, with a progress bar and the throughput."
     from litellama.entrypoints.llm import LLM
     from litellama.executor.cpu import demo_dtype
@@ -242,7 +242,7 @@ def cmd_demo(a):
 
 
 # %% ../../nbs/16_cli.ipynb #46307e6b
-def cmd_serve(a):
+def cmd_serve(a: argparse.Namespace) -> None:
     from litellama.entrypoints.openai.api_server import serve
 
     serve(
@@ -259,7 +259,7 @@ def cmd_serve(a):
 
 
 # %% ../../nbs/16_cli.ipynb #b11d15f5
-def cmd_make_random_checkpoint(a):
+def cmd_make_random_checkpoint(a: argparse.Namespace) -> None:
     from litellama.models.loader import resolve_dtype
     from litellama.testing.checkpoints import make_random_checkpoint
 
@@ -282,7 +282,7 @@ QUANTIZE_OPTIONS = {
 
 
 # %% ../../nbs/16_cli.ipynb #51bb16a4
-def cmd_quantize(a):
+def cmd_quantize(a: argparse.Namespace) -> None:
     "Write a quantized checkpoint of `--model-dir` to `out_dir` with the offline method `--method`."
     import importlib
 
@@ -304,7 +304,7 @@ def cmd_quantize(a):
 
 
 # %% ../../nbs/16_cli.ipynb #c16f0c99
-def add_quantize_parser(sub):
+def add_quantize_parser(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser("quantize", help="write a quantized checkpoint (offline methods: " + ", ".join(QUANTIZERS) + ")")
     q.add_argument("out_dir")
     q.add_argument("--model-dir", default=None)
@@ -329,7 +329,7 @@ def add_quantize_parser(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #498443c3
-def _read_images(paths) -> list:
+def _read_images(paths: list) -> list:
     "The image files, decoded; a missing one is one error naming it."
     from litellama.multimodal.processing import decode_image
 
@@ -350,7 +350,7 @@ def _echo(pieces):
 
 
 # %% ../../nbs/16_cli.ipynb #a23c0004
-def cmd_vl_chat(a):
+def cmd_vl_chat(a: argparse.Namespace) -> None:
     "Chat about images: with `--prompt`, one streamed answer; without, an interactive conversation about the images."
     from litellama.entrypoints.llm import VisionGenerator
 
@@ -359,7 +359,7 @@ def cmd_vl_chat(a):
     history = [{"role": "system", "content": a.system}] if a.system else []
     first = [{"type": "image", "image": im} for im in images]
 
-    def ask(text):
+    def ask(text: str) -> None:
         nonlocal first
         history.append({"role": "user", "content": first + [{"type": "text", "text": text}]})
         first = []
@@ -432,7 +432,7 @@ def cmd_bench(a: argparse.Namespace) -> None:
 
 
 # %% ../../nbs/16_cli.ipynb #1d3cea8e
-def cmd_tune(a):
+def cmd_tune(a: argparse.Namespace) -> None:
     "Search kernel launch configurations on this GPU and save them to the autotune cache."
     from litellama.kernels.autotune import tune_cli
 
@@ -442,7 +442,7 @@ def cmd_tune(a):
 
 
 # %% ../../nbs/16_cli.ipynb #3241353d
-def _add_generate(sub):
+def _add_generate(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="complete prompts")
     _engine_args(g)
     _sampling_args(g)
@@ -452,7 +452,7 @@ def _add_generate(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #9f03f1f4
-def _add_chat(sub):
+def _add_chat(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("chat", help="interactive chat")
     _engine_args(c)
     _sampling_args(c, 512)
@@ -461,7 +461,7 @@ def _add_chat(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #77c5517c
-def _add_batch(sub):
+def _add_batch(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("batch", help="run a prompt set through the scheduler")
     _engine_args(b)
     _sampling_args(b, 128)
@@ -472,7 +472,7 @@ def _add_batch(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #dc975b4e
-def _add_demo(sub):
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="the bundled model answers a few questions")
     _engine_args(d)
     d.add_argument("--max-tokens", type=int, default=48)
@@ -480,7 +480,7 @@ def _add_demo(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #707f34c4
-def _add_serve(sub):
+def _add_serve(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible server")
     _engine_args(s)
     s.add_argument("--host", default="127.0.0.1")
@@ -505,7 +505,7 @@ def _add_serve(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #682658fc
-def _add_vl_chat(sub):
+def _add_vl_chat(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("vl-chat", help="chat about images with a vision-language model (LLaVA-1.5, Qwen3-VL)")
     _engine_args(v)
     _sampling_args(v, 512)
@@ -543,7 +543,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 # %% ../../nbs/16_cli.ipynb #c605360a
-def _add_tune(sub):
+def _add_tune(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("tune", help="autotune the Triton kernels for this GPU (saved under the cache directory)")
     t.add_argument("--ops", nargs="*", default=None, help="ops to tune (default: all)")
     t.add_argument("--quick", action="store_true")
@@ -551,7 +551,7 @@ def _add_tune(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #91ee07b3
-def _add_make_random_checkpoint(sub):
+def _add_make_random_checkpoint(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("make-random-checkpoint", help="write a randomly initialised checkpoint of a real shape")
     m.add_argument("--like", required=True)
     m.add_argument("out_dir")
@@ -560,7 +560,7 @@ def _add_make_random_checkpoint(sub):
 
 
 # %% ../../nbs/16_cli.ipynb #954c7aaa
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="litellama", description="A light, notebook-first LLM inference engine.")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_generate, _add_chat, _add_batch, _add_demo, _add_serve, _add_vl_chat, _add_bench, _add_tune):
@@ -571,7 +571,7 @@ def build_parser():
 
 
 # %% ../../nbs/16_cli.ipynb #9c67f5d5
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     a = build_parser().parse_args(argv)
     import logging
 

@@ -23,7 +23,7 @@ from ..utils import patch
 
 
 # %% ../../nbs/14_llm.ipynb #a23f0002
-def _text(content):
+def _text(content: Any) -> str:
     "A message's content as one string (its text parts joined)."
     return content if not isinstance(content, list) else "".join(p.get("text", "") for p in content)
 
@@ -55,7 +55,7 @@ class RequestOutput:
 class LLM:
     "Offline batched generation over a `ContinuousBatchingEngine` (`model` None: the bundled SmolLM2)."
 
-    def __init__(self, model=None, dtype: str = "auto", device: str = "auto", **engine_options):
+    def __init__(self, model: Any = None, dtype: str = "auto", device: str = "auto", **engine_options: Any) -> None:
         self.engine = engine_from_pretrained(model, dtype=dtype, device=device, **engine_options)
         self.model_dir, self.tokenizer = self.engine.model_dir, self.engine.tokenizer
 
@@ -71,7 +71,7 @@ class LLM:
 
 
 # %% ../../nbs/14_llm.ipynb #f4ff176f
-def _as_lists(prompts, params) -> tuple:
+def _as_lists(prompts: str | list, params: SamplingParams | list | None) -> tuple:
     "`(prompts, params)` as two lists of the same length."
     if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
@@ -86,7 +86,7 @@ def _as_lists(prompts, params) -> tuple:
 @patch
 def _add_requests(self: LLM, prompts: list, plist: list) -> tuple:
     "Add every prompt: `(request ids, {request id: RequestOutput with empty completions})`."
-    ids = [p if isinstance(p, dict) else self.engine.tokenize(p) for p in prompts]
+    ids: list = [p if isinstance(p, dict) else self.engine.tokenize(p) for p in prompts]
     rids = [self.engine.add_request(t, sp, stream=False) for t, sp in zip(ids, plist, strict=True)]
     seq = lambda r: self.engine.requests[r][0].seq  # a dict prompt's ids are known once its images are expanded
     ids = [
@@ -102,7 +102,7 @@ def _add_requests(self: LLM, prompts: list, plist: list) -> tuple:
 
 # %% ../../nbs/14_llm.ipynb #d4051370
 @patch
-def _run(self: LLM, rids: list, results: dict, use_tqdm: bool):
+def _run(self: LLM, rids: list, results: dict, use_tqdm: bool) -> None:
     "Step the engine until every request is done, gathering outputs into `results`."
     bar = tqdm(total=len(rids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
     t0, ntok = time.perf_counter(), 0
@@ -132,7 +132,9 @@ def _run(self: LLM, rids: list, results: dict, use_tqdm: bool):
 
 # %% ../../nbs/14_llm.ipynb #1a7a0503
 @patch
-def generate(self: LLM, prompts, params: SamplingParams | list | None = None, use_tqdm: bool = True) -> list:
+def generate(
+    self: LLM, prompts: str | list, params: SamplingParams | list | None = None, use_tqdm: bool = True
+) -> list:
     "Complete each prompt (a string or a list of token ids); one `SamplingParams` for all, or one per prompt."
     prompts, plist = _as_lists(prompts, params)
     rids, results = self._add_requests(prompts, plist)
@@ -142,7 +144,7 @@ def generate(self: LLM, prompts, params: SamplingParams | list | None = None, us
 
 # %% ../../nbs/14_llm.ipynb #0296374c
 @patch
-def chat(self: LLM, messages, params: SamplingParams | None = None, use_tqdm: bool = True) -> list:
+def chat(self: LLM, messages: list, params: SamplingParams | None = None, use_tqdm: bool = True) -> list:
     """Answer one conversation (a list of `{'role', 'content'}`) or a list of them, through the chat template;
     `content` may be OpenAI-style parts, images among them (`image_url` with a data URL, or `image`: a PIL image)."""
     convs = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -151,7 +153,7 @@ def chat(self: LLM, messages, params: SamplingParams | None = None, use_tqdm: bo
 
 # %% ../../nbs/14_llm.ipynb #88e7b72d
 @patch
-def chat_prompt(self: LLM, messages):
+def chat_prompt(self: LLM, messages: list) -> str | dict:
     "The prompt of one conversation: text, or `{prompt, multi_modal_data}` when its content parts hold images."
     msgs, images = chat_images(messages)
     if not images:
@@ -163,7 +165,7 @@ def chat_prompt(self: LLM, messages):
 
 # %% ../../nbs/14_llm.ipynb #ffd8ff48
 @patch
-def apply_chat_template(self: LLM, messages) -> str:
+def apply_chat_template(self: LLM, messages: list) -> str:
     "The prompt text for `messages`, ending where the assistant's answer begins."
     if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
         raise ValueError("this checkpoint's tokenizer has no chat template")
@@ -193,13 +195,15 @@ def embed(
 class TextGenerator:
     "The simple facade: `generate(prompts, params) -> list of str`, and `stream` yielding text pieces."
 
-    def __init__(self, checkpoints_dir=None, dtype="auto", device="auto", **engine_options):
+    def __init__(
+        self, checkpoints_dir: Any = None, dtype: str = "auto", device: str = "auto", **engine_options: Any
+    ) -> None:
         self.llm = LLM(checkpoints_dir, dtype, device, **engine_options)
 
-    def generate(self, prompts, params: SamplingParams | None = None) -> list:
+    def generate(self, prompts: str | list, params: SamplingParams | None = None) -> list:
         return [o.outputs[0].text for o in self.llm.generate(prompts, params, use_tqdm=False)]
 
-    def stream(self, prompts, params: SamplingParams | None = None):
+    def stream(self, prompts: str | list, params: SamplingParams | None = None):
         "Yield, per step, a list with the new text of every prompt (empty strings for those with none)."
         single = isinstance(prompts, str)
         prompts = [prompts] if single else list(prompts)
@@ -225,7 +229,7 @@ class TextGenerator:
 class VisionGenerator:
     "The facade for vision-language models: `generate(prompt, images) -> str`, and `stream` yielding text pieces."
 
-    def __init__(self, model=None, dtype="auto", device="auto", **engine_options):
+    def __init__(self, model: Any = None, dtype: str = "auto", device: str = "auto", **engine_options: Any) -> None:
         self.llm = LLM(model, dtype, device, **engine_options)
         if not isinstance(self.llm.engine.model, SupportsImages):
             raise ValueError(
@@ -234,20 +238,20 @@ class VisionGenerator:
             )
 
     @staticmethod
-    def messages(prompt: str, images=()) -> list:
+    def messages(prompt: str, images: tuple | list = ()) -> list:
         "One user turn: the images, then the text."
         images = [images] if not isinstance(images, (list, tuple)) else images
         content = [{"type": "image", "image": im} for im in images] + [{"type": "text", "text": prompt}]
         return [{"role": "user", "content": content}]
 
-    def generate(self, prompt: str, images=(), params: SamplingParams | None = None) -> str:
+    def generate(self, prompt: str, images: tuple | list = (), params: SamplingParams | None = None) -> str:
         "The answer to `prompt` about `images` (PIL images, bytes or data URLs)."
         return self.llm.chat(self.messages(prompt, images), params, use_tqdm=False)[0].outputs[0].text
 
 
 # %% ../../nbs/14_llm.ipynb #dbcf6819
 @patch
-def stream(self: VisionGenerator, prompt, images=(), params: SamplingParams | None = None):
+def stream(self: VisionGenerator, prompt: str | list, images: tuple | list = (), params: SamplingParams | None = None):
     "Yield the answer's text pieces as they come; `prompt` is a question (with `images`) or a whole conversation."
     msgs = prompt if isinstance(prompt, list) else self.messages(prompt, images)
     eng = self.llm.engine

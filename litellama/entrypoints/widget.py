@@ -61,7 +61,10 @@ def _code_block(lines: list, i: int) -> tuple:
 def md_to_html(text: str) -> str:
     """A small, safe markdown → HTML: fenced code, paragraphs, `-`/`1.` lists, `#` headings, inline code/bold/italics;
     all text escaped."""
-    out, para, items, kind = [], [], [], None
+    out: list[str] = []
+    para: list[str] = []
+    items: list[str] = []
+    kind = None
 
     def flush():
         nonlocal para, items, kind
@@ -124,7 +127,7 @@ _CSS = """<style>
 </style>"""
 
 # %% ../../nbs/17_widget.ipynb #5dc50a30
-_engine_locks = weakref.WeakKeyDictionary()
+_engine_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _locks_guard = threading.Lock()
 
 
@@ -153,7 +156,9 @@ class ChatWidget:
             from litellama.entrypoints.llm import LLM
 
             llm = LLM()
-        self.llm, self.messages, self.error = llm, [], None
+        self.llm = llm
+        self.messages: list[dict] = []
+        self.error: Exception | None = None
         self._lock, self._stop, self._thread, self._rid = _engine_lock(llm.engine), threading.Event(), None, None
         self._make_controls(w, system_prompt, temperature, max_tokens)
         self._connect()
@@ -273,7 +278,7 @@ def send(self, text: str | None = None) -> bool:
 
 
 # %% ../../nbs/17_widget.ipynb #37a773cb
-@property
+@property  # type: ignore[misc]  # set on the class below
 def busy(self) -> bool:
     return self._thread is not None and self._thread.is_alive()
 
@@ -318,7 +323,8 @@ def _run_request(self: ChatWidget, conversation, params, msg: dict, state: dict)
 @patch
 def _generate(self: ChatWidget, conversation, params):
     "Worker thread: run one request to the end (or to Stop), streaming deltas into the last message."
-    msg, t0, state = self.messages[-1], time.perf_counter(), dict(ntok=0, reason=None)
+    msg, t0 = self.messages[-1], time.perf_counter()
+    state: dict = dict(ntok=0, reason=None)
     try:
         self._run_request(conversation, params, msg, state)
         dt, ntok, reason = time.perf_counter() - t0, state["ntok"], state["reason"]

@@ -55,12 +55,14 @@ class SamplingTensors:
 
 # %% ../../nbs/07_sampler.ipynb #7f4041f0
 @patch(cls_method=True)
-def build(cls: SamplingTensors, rows, vocab: int, device, bitmask: torch.Tensor | None = None):
+def build(
+    cls: SamplingTensors, rows: list, vocab: int, device: str | torch.device, bitmask: torch.Tensor | None = None
+) -> SamplingTensors:
     """`rows`: per row `(params, seed, prompt_ids, output_ids, eos_ids)`; `output_ids` may be just its length (an int)
     when the row uses no penalty, and `prompt_ids` then unused. `bitmask`: the structured-output masks, on the host."""
     P = [r[0] for r in rows]
     f = lambda vals, dt=torch.float32: _upload(vals, dt, device)
-    st = cls(*([None] * 6), all_greedy=True) if all(p.greedy for p in P) else _sampled(cls, rows, P, vocab, f)
+    st = cls(*([None] * 6), all_greedy=True) if all(p.greedy for p in P) else _sampled(cls, rows, P, vocab, f)  # type: ignore[operator]
     st.num_logprobs = max([p.logprobs or 0 for p in P] + [0]) if any(p.logprobs is not None for p in P) else -1
     if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in P):
         _add_penalties(st, rows, P, vocab, device, f)
@@ -82,7 +84,7 @@ def build(cls: SamplingTensors, rows, vocab: int, device, bitmask: torch.Tensor 
 
 
 # %% ../../nbs/07_sampler.ipynb #c2285e63
-def _sampled(cls, rows, P, vocab: int, f) -> SamplingTensors:
+def _sampled(cls, rows: list, P: list, vocab: int, f) -> SamplingTensors:
     "The tensors of a batch in which some row samples: temperature, top-k/p, min-p, seeds and steps, in two copies."
     fl = f([[p.temperature for p in P], [p.top_p for p in P], [p.min_p for p in P]])
     it = f(
@@ -96,7 +98,7 @@ def _sampled(cls, rows, P, vocab: int, f) -> SamplingTensors:
 
 
 # %% ../../nbs/07_sampler.ipynb #5a31f7ab
-def _add_penalties(st: SamplingTensors, rows, P, vocab: int, device, f):
+def _add_penalties(st: SamplingTensors, rows: list, P: list, vocab: int, device: str | torch.device, f) -> None:
     "Each row's penalty factors, the `[S, V]` counts of its output tokens and the mask of its prompt tokens."
     st.repetition, st.presence, st.frequency = (
         f([p.repetition_penalty for p in P]),
@@ -113,12 +115,12 @@ def _add_penalties(st: SamplingTensors, rows, P, vocab: int, device, f):
 
 
 # %% ../../nbs/07_sampler.ipynb #591c908b
-def _n(out) -> int:
+def _n(out: int | list) -> int:
     return out if isinstance(out, int) else len(out)
 
 
 # %% ../../nbs/07_sampler.ipynb #fe07d1d9
-def _upload(vals, dtype, device) -> torch.Tensor:
+def _upload(vals: list, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     "`vals` as a tensor on `device`; to a GPU through pinned memory, so that the host does not wait for the GPU."
     t = torch.tensor(vals, dtype=dtype)
     return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t
@@ -138,10 +140,12 @@ def unpack_bitmask(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 # %% ../../nbs/07_sampler.ipynb #92b05091
-def apply_penalties(logits, st: SamplingTensors):
+def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     "Repetition (prompt and output tokens), presence and frequency (output tokens) penalties."
     if st.output_counts is None:
         return logits
+    assert st.prompt_mask is not None and st.repetition is not None  # built with the counts
+    assert st.frequency is not None and st.presence is not None
     seen = st.prompt_mask | (st.output_counts > 0)
     r = st.repetition[:, None]
     logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
@@ -149,8 +153,9 @@ def apply_penalties(logits, st: SamplingTensors):
 
 
 # %% ../../nbs/07_sampler.ipynb #4ed7101d
-def filter_probs(logits, st: SamplingTensors):
+def filter_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     "Temperature, then top-k, top-p and min-p: the probabilities that remain, renormalised."
+    assert st.temperature is not None and st.top_k is not None and st.top_p is not None and st.min_p is not None
     temp = torch.where(st.temperature > 0, st.temperature, torch.ones_like(st.temperature))
     probs = (logits / temp[:, None]).softmax(-1)
     sorted_p, order = probs.sort(-1, descending=True)
@@ -189,6 +194,7 @@ def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
     if st.all_greedy:
         ids = logits.argmax(-1)
     else:
+        assert st.temperature is not None and st.seeds is not None and st.steps is not None  # set unless all greedy
         ids = ops.gumbel_argmax(logits, st.temperature, st.seeds, st.steps)  # rows without filters: one pass, no sort
         if st.filtered is not None:  # rows with filters: sort, filter, same noise
             race = filter_probs(logits, st) / -uniform_noise(st.seeds, st.steps, logits.shape[-1]).log()

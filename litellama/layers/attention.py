@@ -114,7 +114,7 @@ class PagedAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.window, self.softcap = window, softcap  # this layer's sliding window and score cap (None: none)
-        self.band = {k: v for k, v in (("window", window), ("softcap", softcap)) if v is not None}
+        self.band: dict[str, Any] = {k: v for k, v in (("window", window), ("softcap", softcap)) if v is not None}
         self.k_cache = self.v_cache = None  # bound by the model runner: [num_blocks, block_size, Hk, D]
 
     def forward(self, q, k, v, attn: AttentionMetadata):
@@ -225,7 +225,11 @@ def forward(self: SelfAttention, positions, x, attn: AttentionMetadata):
         k.view(T, self.num_kv_heads, self.head_dim),
         v.view(T, self.num_kv_heads, self.head_dim),
     )
-    norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else ()
+    norms = (
+        (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        if self.q_norm is not None and self.k_norm is not None
+        else ()
+    )
     q = rope_and_store_kv(
         positions,
         q,

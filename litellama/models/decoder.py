@@ -128,7 +128,8 @@ class DecoderModel(nn.Module):
         self.rotary = RotaryEmbedding(config, head_dim(config), config.max_position_embeddings, device)
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         layer_cls, attn_args = layer_cls or DecoderLayer, attn_args or {}
-        self.embed_scale = None  # a factor on the token embeddings (Gemma: the square root of the hidden size)
+        # a factor on the token embeddings (Gemma: the square root of the hidden size)
+        self.embed_scale: float | None = None
         self.layers = nn.ModuleList(
             layer_cls(
                 config,

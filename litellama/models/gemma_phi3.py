@@ -134,7 +134,7 @@ class Gemma2ForCausalLM(CausalLM):
         return dict(scale=config.query_pre_attn_scalar**-0.5, softcap=getattr(config, "attn_logit_softcapping", None))
 
     def make_mlp(
-        self, config: Any, layer_idx: int, dtype: torch.dtype, device: Any, quant: Any, prefix: str
+        self, config: Any, layer_idx: int, dtype: torch.dtype | None, device: Any, quant: Any, prefix: str
     ) -> nn.Module:
         return GeluTanhMLP(config.hidden_size, config.intermediate_size, False, dtype, device, quant, prefix)
 

@@ -35,7 +35,7 @@ class CheckpointError(ValueError):
 
 
 # %% ../../nbs/05_loader.ipynb #53f748ec
-def load_config(model_dir):
+def load_config(model_dir: str | Path):
     "The `transformers` config of the checkpoint in `model_dir`."
     d = Path(model_dir)
     if not d.exists():
@@ -62,7 +62,7 @@ def _config_error(d: Path, e: Exception) -> CheckpointError:
 
 
 # %% ../../nbs/05_loader.ipynb #bf45d1ac
-def weight_files(model_dir) -> list[Path]:
+def weight_files(model_dir: str | Path) -> list[Path]:
     "The checkpoint's weight files: safetensors (by their index if present), else `pytorch_model*.bin`."
     d = Path(model_dir)
     files = _safetensors_files(d)
@@ -96,7 +96,7 @@ def _bin_files(d: Path) -> list[Path] | None:
 
 
 # %% ../../nbs/05_loader.ipynb #722be6f8
-def iter_weights(files):
+def iter_weights(files: list):
     "Yield `(name, tensor)` from each file, one tensor at a time for safetensors."
     from safetensors import safe_open
 
@@ -123,7 +123,7 @@ _DTYPE_NAMES = {  # the names a user may give a dtype by
 
 
 # %% ../../nbs/05_loader.ipynb #b259b776
-def resolve_dtype(dtype, device, config=None) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device, config=None) -> torch.dtype:
     "`'auto'` is float32 on a CPU and bfloat16 on a GPU; strings like `'fp16'` are accepted."
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -135,7 +135,7 @@ def resolve_dtype(dtype, device, config=None) -> torch.dtype:
 
 
 # %% ../../nbs/05_loader.ipynb #6f7156f4
-def resolve_device(device) -> torch.device:
+def resolve_device(device: str | torch.device | None) -> torch.device:
     "`'auto'` is the GPU when there is one, else the CPU."
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -163,7 +163,12 @@ def quantization_config(config, model_dir, quantization=None):
 
 
 # %% ../../nbs/05_loader.ipynb #c4080f46
-def load_model(model_dir, dtype="auto", device="auto", quantization=None):
+def load_model(
+    model_dir: str | Path,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device | None = "auto",
+    quantization: str | None = None,
+):
     """Build the model class named by `model_dir`'s config (quantized as its checkpoint or `quantization` says) and
     load its weights: `(model, config)`."""
     config = load_config(model_dir)
@@ -188,7 +193,14 @@ def load_model(model_dir, dtype="auto", device="auto", quantization=None):
 
 
 # %% ../../nbs/05_loader.ipynb #e22c9687
-def load_sharded_model(model_dir, rank: int, size: int, dtype="auto", device="auto", quantization=None):
+def load_sharded_model(
+    model_dir,
+    rank: int,
+    size: int,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device | None = "auto",
+    quantization: str | None = None,
+):
     "This rank's shard of the checkpoint at `model_dir`: `(model, full_config, rank_config)`."
     config = load_config(model_dir)
     device = resolve_device(device)

@@ -51,7 +51,7 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype=torch.bfloat16) -> Path:
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
-        model.hf_quantizer = None  # else save_pretrained refuses
+        model.hf_quantizer = None  # type: ignore[assignment]  # else save_pretrained refuses
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp)
