@@ -73,7 +73,6 @@ from litellama.entrypoints.openai.protocol import (
     ServerLimits,
     check_chars,
     max_token_chars,
-    openapi_spec,
 )
 from litellama.entrypoints.openai.tool_parsers import (
     TOOL_CLOSE,
@@ -87,6 +86,7 @@ from litellama.entrypoints.openai.tool_parsers import (
 from ..benchmarks.load_client import BENCH_SCHEMA, bench_serving
 from .openai.chat import chat_completions
 from .openai.completions import completions
+from .openai.openapi import openapi_spec
 from .openai.serving import sampling_params, structured_outputs
 
 # %% ../../nbs/15_server.ipynb #62afa24b

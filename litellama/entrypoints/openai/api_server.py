@@ -37,7 +37,6 @@ from litellama.entrypoints.openai.protocol import (
     TokenizeRequest,
     _need,
     max_token_chars,
-    openapi_spec,
 )
 
 from ...engine.pooling import POOLING_TYPES
@@ -45,6 +44,7 @@ from .chat import chat_completions
 from .chat_utils import chat_prompt, prompt_ids
 from .completions import completions
 from .embeddings import embeddings
+from .openapi import openapi_spec
 from .reasoning_parsers import reasoning_parser as find_reasoning_parser
 from .responses import responses
 from .serving import AppState

@@ -1,4 +1,4 @@
-"""The server's request and response models, the OpenAPI document they produce, errors in OpenAI's shape.
+"""The server's request and response models, and its errors in OpenAI's shape.
 
 Docs: https://litellama.github.io/litellama/nbs/openai_protocol.html.md"""
 
@@ -6,9 +6,6 @@ Docs: https://litellama.github.io/litellama/nbs/openai_protocol.html.md"""
 
 # %% auto #0
 __all__ = [
-    "REQUEST_MODELS",
-    "RESPONSE_MODELS",
-    "ROUTES",
     "APIError",
     "ServerLimits",
     "max_token_chars",
@@ -66,8 +63,6 @@ __all__ = [
     "Embedding",
     "EmbeddingUsage",
     "EmbeddingResponse",
-    "component_schemas",
-    "openapi_spec",
 ]
 
 # %% ../../../nbs/15a_openai_protocol.ipynb #30243ed0
@@ -77,7 +72,6 @@ from types import ModuleType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
-from pydantic.json_schema import models_json_schema
 
 
 # %% ../../../nbs/15a_openai_protocol.ipynb #32c15c62
@@ -581,111 +575,3 @@ class EmbeddingResponse(BaseModel):
     data: list[Embedding]
     model: str
     usage: EmbeddingUsage
-
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #2e3902c6
-REQUEST_MODELS = (
-    CompletionRequest,
-    ChatRequest,
-    TokenizeRequest,
-    DetokenizeRequest,
-    ResponsesRequest,
-    EmbeddingRequest,
-)
-RESPONSE_MODELS = (
-    ErrorResponse,
-    CompletionResponse,
-    ChatCompletionResponse,
-    ModelList,
-    Health,
-    TokenizeResponse,
-    DetokenizeResponse,
-    ResponseObject,
-    EmbeddingResponse,
-)
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #e0c61d63
-ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, type[BaseModel], bool]] = {
-    ("post", "/v1/completions"): (CompletionRequest, CompletionResponse, True),
-    ("post", "/v1/chat/completions"): (ChatRequest, ChatCompletionResponse, True),
-    ("post", "/v1/responses"): (ResponsesRequest, ResponseObject, True),
-    ("post", "/v1/embeddings"): (EmbeddingRequest, EmbeddingResponse, False),
-    ("post", "/tokenize"): (TokenizeRequest, TokenizeResponse, False),
-    ("post", "/detokenize"): (DetokenizeRequest, DetokenizeResponse, False),
-    ("get", "/v1/models"): (None, ModelList, False),
-    ("get", "/health"): (None, Health, False),
-}
-"`(method, path)` -> `(request model, response model, streams)` of the routes the document declares."
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #f2e03956
-_ERRORS = {
-    400: "Invalid request",
-    401: "Missing or wrong API key",
-    404: "Unknown model",
-    405: "Method not allowed",
-    413: "Request body too large",
-    415: "Body not JSON",
-    500: "Internal error",
-}
-
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #48fd9697
-def _ref(m: type[BaseModel]) -> dict:
-    return {"$ref": f"#/components/schemas/{m.__name__}"}
-
-
-def _error_responses(codes: list[int]) -> dict:
-    "The declared answers for the error `codes`: OpenAI's error body."
-    json_ = {"application/json": {"schema": _ref(ErrorResponse)}}
-    return {str(c): {"description": _ERRORS[c], "content": json_} for c in codes}
-
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #f730db36
-def component_schemas(served: str | None = None) -> dict:
-    "Every request and response model as a JSON-schema component; `served`: the one model name that is not a 404."
-    models: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
-        (m, "validation") for m in REQUEST_MODELS
-    ]
-    models += [(m, "serialization") for m in RESPONSE_MODELS]
-    _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
-    defs = defs.get("$defs", {})
-    for name in ("CompletionRequest", "ChatRequest", "ResponsesRequest", "EmbeddingRequest"):
-        if served:
-            defs[name]["properties"]["model"] = {"type": "string", "enum": [served], "title": "Model"}
-    return defs
-
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #497bcc9e
-def _declare_route(op: dict, path: str, req: type[BaseModel] | None, res: type[BaseModel], streams: bool, auth: list):
-    "Fill one operation `op` of the OpenAPI document: its request body and its answers."
-    ok = {"application/json": {"schema": _ref(res)}}
-    if streams:
-        ok["text/event-stream"] = {
-            "schema": {"description": "server-sent events (`stream: true`): chunks, then `data: [DONE]`"}
-        }
-    op["responses"] = {"200": {"description": "OK", "content": ok}}
-    if path == "/health":
-        op["responses"]["503"] = {
-            "description": "The engine is stopped",
-            "content": {"application/json": {"schema": _ref(res)}},
-        }
-    else:
-        op["responses"].update(_error_responses(auth + [405, 500]))
-    if req is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(req)}}}
-        op["responses"].update(_error_responses([400, 404, 413, 415] if path.startswith("/v1") else [400, 413, 415]))
-
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #16a016b6
-def openapi_spec(app: Any, served: str | None = None, auth: bool = False) -> dict:
-    "`app`'s OpenAPI document with every request body and response declared (`auth`: routes may answer 401)."
-    from fastapi.openapi.utils import get_openapi
-
-    spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    spec.setdefault("components", {})["schemas"] = component_schemas(served)
-    for (method, path), (req, res, streams) in ROUTES.items():
-        _declare_route(spec["paths"][path][method], path, req, res, streams, [401] if auth else [])
-    spec["paths"]["/metrics"]["get"]["responses"] = {
-        "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
-    }
-    return spec
