@@ -24,6 +24,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -113,7 +114,7 @@ class Linear(nn.Module):
         bias: bool = False,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
-        quant: "QuantConfig | None" = None,
+        quant: Any = None,  # a QuantConfig (declared below) or None
         prefix: str = "",
         method: LinearMethod | None = None,
     ):
