@@ -410,7 +410,7 @@ class VsHF(Suite):
         from litellama.entrypoints.llm import LLM
 
         path, opts = bench_model(quick, a.like)
-        llm = LLM(path, **opts)
+        llm = LLM(path, gpu_memory_utilization=0.5, **opts)  # HF's model and cache share the card
         hf = {"hf": _hf_model(path, opts, False)}
         errors = {}
         if a.hf_static:
