@@ -67,7 +67,7 @@ def _link(name: str) -> str:
 def card(rec: dict | None) -> str:
     "The card a GPU record ran on, as its row names it: `NVIDIA H100 80GB HBM3` is `H100`; `GPU` before any run."
     words = (rec or {}).get("device", "").replace("NVIDIA", "").split()
-    return words[0] if words else "GPU"
+    return next((w for w in words if any(ch.isdigit() for ch in w)), words[0] if words else "GPU")
 
 
 # %% ../../benchmarks_nb/03_report.ipynb #4d046811

@@ -44,7 +44,7 @@ class StructuredOutputsParams:
         json_object: bool = False,
         regex: str | None = None,
         choice: list | None = None,
-        reasoning: object = None,  # a ReasoningTags (declared below) or None,
+        reasoning: object = None,  # a ReasoningTags (declared below) or None
     ):
         given = [
             k for k, v in (("json", json), ("json_object", json_object), ("regex", regex), ("choice", choice)) if v
