@@ -9,7 +9,6 @@ __all__ = ["LoRABatch", "LoRALinearMethod", "LoRAManager"]
 
 # %% ../../nbs/35a_lora_engine.ipynb #a789d5b1
 from collections import OrderedDict
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,16 +16,8 @@ from torch import nn
 
 from ..kernels.registry import ops
 from ..layers.linear import Linear, LinearMethod
-from litellama.models.lora import (
-    AdapterError,
-    LoRAAdapter,
-    LoRALayerWeights,
-    LoRARequest,
-    hf_linear_names,
-    layer_slices,
-    read_adapter,
-    stack_layer,
-)
+from ..models import lora as lora_io
+from ..models.lora import AdapterError, LoRAAdapter, LoRALayerWeights, LoRARequest
 from ..utils import patch
 
 
@@ -47,7 +38,7 @@ class LoRALinearMethod(LinearMethod):
     def __init__(self, base: LinearMethod, layer: Linear, batch: LoRABatch, max_loras: int, r_max: int):
         p = next(layer.parameters())
         dtype = p.dtype if p.dtype.is_floating_point and p.element_size() >= 2 else torch.float16
-        self.base, self.batch, self.slices = base, batch, layer_slices(layer)
+        self.base, self.batch, self.slices = base, batch, lora_io.layer_slices(layer)
         self.a = torch.zeros(max_loras, len(layer.shards), r_max, layer.in_features, dtype=dtype, device=p.device)
         self.b = torch.zeros(max_loras, layer.out_features, r_max, dtype=dtype, device=p.device)
         self.rank = torch.zeros(max_loras, dtype=torch.int32, device=p.device)  # 0: the slot leaves this layer alone
@@ -74,7 +65,7 @@ class LoRALinearMethod(LinearMethod):
 
     def set_slot(self, s: int, layer: Linear, lw: LoRALayerWeights | None) -> None:
         "Put one adapter's pairs for this layer (None: it has none) into slot `s`."
-        a, b = stack_layer(layer, lw, self.a.shape[2], self.a.dtype)
+        a, b = lora_io.stack_layer(layer, lw, self.a.shape[2], self.a.dtype)
         self.a[s].copy_(a)
         self.b[s].copy_(b)
         self.rank[s] = max((t.shape[0] for t in lw.a.values()), default=0) if lw is not None else 0
@@ -94,11 +85,12 @@ class LoRAManager:
                 raise ValueError(f"{name} must be an integer of at least 1, got {v!r}")
         if max_cpu_loras < max_loras:
             raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be at least max_loras ({max_loras})")
-        self.model, self.max_loras, self.max_lora_rank, self.max_cpu_loras = model, max_loras, max_lora_rank, max_cpu_loras
+        self.model, self.max_loras, self.max_lora_rank = model, max_loras, max_lora_rank
+        self.max_cpu_loras = max_cpu_loras
         device = next(model.parameters()).device
         self.batch = LoRABatch(max_rows, max_loras, device)
         self.layers: dict[str, Linear] = {}
-        for name, _ in hf_linear_names(model).values():
+        for name, _ in lora_io.hf_linear_names(model).values():
             mod = model.get_submodule(name)
             if name not in self.layers and isinstance(mod, Linear):
                 self.layers[name] = mod
@@ -115,7 +107,7 @@ def adapter(self: LoRAManager, r: LoRARequest) -> LoRAAdapter:
     if r.id in self.cpu:
         self.cpu.move_to_end(r.id)
         return self.cpu[r.id]
-    ad = read_adapter(r.path, self.model, self.max_lora_rank, name=r.name)
+    ad = lora_io.read_adapter(r.path, self.model, self.max_lora_rank, name=r.name)
     self.cpu[r.id] = ad
     while len(self.cpu) > self.max_cpu_loras:
         self.cpu.popitem(last=False)
