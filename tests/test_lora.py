@@ -37,12 +37,12 @@ def write_adapters(base, out):
     return reqs
 
 
-def hf_greedy(base, adapter, prompt):
+def hf_greedy(base, adapter, prompt, max_new_tokens=MAX_TOKENS):
     "HF's greedy tokens with `adapter` merged by PEFT (None: the base model), up to and with its EOS."
     hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     hf = (PeftModel.from_pretrained(hf, adapter).merge_and_unload() if adapter else hf).eval()
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0)
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
     toks = out[0, len(prompt) :].tolist()
     eos = hf.config.eos_token_id
     return toks[: toks.index(eos) + 1] if eos in toks else toks
