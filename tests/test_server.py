@@ -1025,3 +1025,159 @@ def test_embeddings_refused_without_pooling(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model=MODEL, input="hi")
     assert "declares no pooling" in e.value.body["message"] and "\n" not in e.value.body["message"]
+
+
+# ---------------------------------------------------------------------------------------------------- a scripted reasoner
+# A tiny Llama whose greedy reply is fixed (tests/scripted_checkpoint.py): `<think>Paris is the capital</think>`, then
+# `{"city": "Rome"}`. The `open_think` template kwarg ends the prompt with `<think>`: the reply then holds only the closing tag.
+from scripted_checkpoint import ANSWER, REASONING, SCRIPT, THINK_OPENED, make_scripted_checkpoint
+
+Q = [{"role": "user", "content": "Which city?"}]
+
+
+@pytest.fixture(scope="module")
+def scripted_dir():
+    return make_scripted_checkpoint(tempfile.mkdtemp(prefix="litellama-scripted-"))
+
+
+def test_scripted_checkpoint_is_what_hf_says(scripted_dir):
+    "HF transformers' greedy reply on the scripted checkpoint is the script, from either end of the template."
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(scripted_dir)
+    hf = AutoModelForCausalLM.from_pretrained(scripted_dir, dtype=torch.float32).eval()
+    for kw, skip in (({}, 1), ({THINK_OPENED: True}, 2)):
+        ids = tok.apply_chat_template(Q, add_generation_prompt=True, tokenize=False, **kw)
+        ids = tok(ids, add_special_tokens=False)["input_ids"]
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)[0, len(ids):]
+        assert [tok.decode([t]) for t in out] == SCRIPT[skip:], out
+
+
+@pytest.fixture(scope="module", params=["qwen3", "deepseek_r1"])
+def scripted(request, scripted_dir):
+    "A server on the scripted checkpoint with each reasoning parser: `(parser name, openai client)`."
+    log = open(os.path.join(scripted_dir, f"{request.param}.log"), "w")
+    proc, url = start_server(scripted_dir, MODEL, log, reasoning_parser=request.param, num_kv_blocks=64)
+    yield request.param, openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    stop_server(proc)
+    log.close()
+
+
+def _reasoned(c, stream=False, **kw):
+    "One chat on the scripted server: `(reasoning_content, content, [(name, arguments)], finish_reason)`, plain or streamed."
+    kw = dict(model=MODEL, messages=Q, max_tokens=30, temperature=0, **kw)
+    if not stream:
+        ch = c.chat.completions.create(**kw).choices[0]
+        m = ch.message
+        return m.model_extra["reasoning_content"], m.content, [(t.function.name, t.function.arguments) for t in m.tool_calls or []], ch.finish_reason
+    thought, answer, calls, reason = "", "", {}, None
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        if not chunk.choices: continue
+        d, reason = chunk.choices[0].delta, chunk.choices[0].finish_reason or reason
+        thought += (d.model_extra or {}).get("reasoning_content") or ""
+        answer += d.content or ""
+        for t in d.tool_calls or []:
+            name, args = calls.get(t.index, ("", ""))
+            calls[t.index] = (name + (t.function.name or ""), args + (t.function.arguments or ""))
+    return thought or None, answer or None, [calls[i] for i in sorted(calls)], reason
+
+
+OPENED = {"chat_template_kwargs": {THINK_OPENED: True}}
+
+
+@pytest.mark.parametrize("opened", [False, True], ids=["reply-opens", "prompt-opens"])
+def test_scripted_reasoning_content(scripted, opened):
+    "`reasoning_content` and `content` are exactly the script's, plain and streamed, whoever opened the block."
+    _, c = scripted
+    for stream in (False, True):
+        got = _reasoned(c, stream, extra_body=OPENED if opened else {})
+        assert got == (REASONING, ANSWER, [], "stop"), (stream, got)
+
+
+@pytest.mark.parametrize("opened", [False, True], ids=["reply-opens", "prompt-opens"])
+def test_scripted_json_schema_after_reasoning(scripted, opened):
+    """The grammar starts after `</think>`: the reasoning is the script's (a grammar from the start would forbid `<think>`
+    and the words), and the answer follows the schema even where the model wants otherwise (Oslo, not Rome)."""
+    _needs_xgrammar()
+    _, c = scripted
+    extra = OPENED if opened else {}
+    for city, answer in (({"type": "string"}, ANSWER), ({"enum": ["Oslo"]}, '{"city": "Oslo"}')):
+        schema = {"type": "object", "properties": {"city": city}, "required": ["city"], "additionalProperties": False}
+        rf = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}}
+        for stream in (False, True):
+            got = _reasoned(c, stream, response_format=rf, extra_body=extra)
+            assert got == (REASONING, answer, [], "stop"), (stream, got)
+            assert json.loads(got[1])["city"] in ("Rome", "Oslo")
+
+
+def test_scripted_tool_call_after_reasoning(scripted):
+    "A named tool's grammar also waits for `</think>`: the reasoning comes back whole and the answer parses into `tool_calls`."
+    _needs_xgrammar()
+    _, c = scripted
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
+    kw = dict(tools=[tool], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    for stream in (False, True):
+        thought, content, calls, reason = _reasoned(c, stream, **kw)
+        assert (thought, content, calls) == (REASONING, None, [("get_weather", ANSWER)]), (stream, thought, content, calls)
+        assert json.loads(calls[0][1]) == {"city": "Rome"} and reason == "stop"
+
+
+# ---------------------------------------------------------------------------------------------------- embeddings beside generation
+@pytest.fixture(scope="module")
+def llama_dir():
+    import torch
+    from litellama.testing.checkpoints import make_random_checkpoint
+    d = tempfile.mkdtemp(prefix="litellama-llama-")
+    make_random_checkpoint("tiny-llama", d, dtype=torch.float32)
+    return d
+
+
+@pytest.fixture(scope="module", params=[("tiny-qwen3", "last"), ("tiny-llama", "last"), ("tiny-llama", "mean")],
+                ids=lambda p: "-".join(p))
+def pooled(request, model_dir, llama_dir):
+    "A server of each (model, pooling) the mean-pooled Qwen3 server above does not cover: `(checkpoint dir, pooling, url)`."
+    like, how = request.param
+    d = model_dir if like == "tiny-qwen3" else llama_dir
+    log = open(os.path.join(d, f"pooled-{how}.log"), "w")
+    proc, url = start_server(d, MODEL, log, pooling=how, num_kv_blocks=128)
+    yield d, how, url
+    stop_server(proc)
+    log.close()
+
+
+def test_embeddings_beside_generation(pooled):
+    """Embeddings requested while chats and completions stream on the same server equal HF transformers' pooled last
+    hidden states (fp32, 1e-5), and the generations are what they are alone."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+    d, how, url = pooled
+    texts = ["Once upon a time", "The capital of France is Paris.", "a", "Continuous batching lets requests join."]
+    hf, tok = AutoModel.from_pretrained(d, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(d)
+    with torch.no_grad():
+        hs = [hf(torch.tensor([tok(t)["input_ids"]])).last_hidden_state[0] for t in texts]
+    ref = torch.stack([h[-1] if how == "last" else h.mean(0) for h in hs])
+    c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    gen = dict(max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    alone_chat = c.chat.completions.create(model=MODEL, messages=MSGS, **gen).choices[0].message.content
+    alone_text = c.completions.create(model=MODEL, prompt="Hello, world", **gen).choices[0].text
+
+    async def mixed():
+        ac = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+        async def streamed_chat():
+            return "".join([ch.choices[0].delta.content or "" async for ch in
+                            await ac.chat.completions.create(model=MODEL, messages=MSGS, stream=True, **gen) if ch.choices])
+
+        async def embed(i):
+            await asyncio.sleep(0.05 * i)                       # spread over the generations' steps
+            return await ac.embeddings.create(model=MODEL, input=texts[i % 2:][:3] if i % 2 else texts, extra_body={"normalize": False})
+        try:
+            return await asyncio.gather(streamed_chat(), ac.completions.create(model=MODEL, prompt="Hello, world", **gen),
+                                        *[embed(i) for i in range(4)])
+        finally: await ac.close()
+    chat, text, *embs = asyncio.run(mixed())
+    assert chat == alone_chat and text.choices[0].text == alone_text
+    for i, e in enumerate(embs):
+        want = ref[1:4] if i % 2 else ref
+        torch.testing.assert_close(torch.tensor([v.embedding for v in e.data]), want, atol=1e-5, rtol=1e-5)

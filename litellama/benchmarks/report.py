@@ -14,6 +14,7 @@ __all__ = [
     "NOTEBOOKS",
     "load",
     "fmt",
+    "card",
     "headline",
     "cpu_table",
     "suites_table",
@@ -34,7 +35,7 @@ from pathlib import Path
 from .suites import SUITES, repo_root, suite_names
 
 # %% ../../benchmarks_nb/03_report.ipynb #4fc3693d
-AWAIT_GPU = "awaiting the H200 run"
+AWAIT_GPU = "awaiting a GPU run"
 AWAIT_CPU = "awaiting a run on a quiet machine"
 
 
@@ -62,11 +63,18 @@ def _link(name: str) -> str:
     return f"[`{name}`](benchmarks_nb/results/{name})"
 
 
+# %% ../../benchmarks_nb/03_report.ipynb #c4a7d1e2
+def card(rec: dict | None) -> str:
+    "The card a GPU record ran on, as its row names it: `NVIDIA H100 80GB HBM3` is `H100`; `GPU` before any run."
+    words = (rec or {}).get("device", "").replace("NVIDIA", "").split()
+    return next((w for w in words if any(ch.isdigit() for ch in w)), words[0] if words else "GPU")
+
+
 # %% ../../benchmarks_nb/03_report.ipynb #4d046811
 def _vs_hf_rows(rec: dict | None) -> list:
     rows = []
     for b, p, g in ((1, 128, 256), (64, 128, 256)):
-        what = f"GPU, {b} × {p} → {g} tokens, tok/s"
+        what = f"{card(rec)}, {b} × {p} → {g} tokens, tok/s"
         r = next(
             (r for r in (rec or {}).get("rows", []) if (r["batch"], r["prompt"], r["generated"]) == (b, p, g)), None
         )
@@ -81,7 +89,7 @@ def _vs_hf_rows(rec: dict | None) -> list:
 
 # %% ../../benchmarks_nb/03_report.ipynb #8a49d34a
 def _offline_row(rec: dict | None, kv: str, name: str) -> tuple:
-    what = f"GPU offline, {kv} KV cache, tok/s"
+    what = f"{card(rec)} offline, {kv} KV cache, tok/s"
     if rec is None:
         return (what, AWAIT_GPU, "—", f"`litellama bench offline{' --kv-cache-dtype fp8' if kv == 'fp8' else ''}`")
     tok_s = rec.get("median_tok_s") or rec["runs"][0]["tok_s"]
@@ -90,7 +98,7 @@ def _offline_row(rec: dict | None, kv: str, name: str) -> tuple:
 
 # %% ../../benchmarks_nb/03_report.ipynb #f70912dd
 def _latency_row(rec: dict | None) -> tuple:
-    what = "GPU batch-1 time per output token, ms"
+    what = f"{card(rec)} batch-1 time per output token, ms"
     r = next((r for r in (rec or {}).get("rows", []) if r["prompt"] == 128), None)
     if r is None:
         return (what, AWAIT_GPU, "—", "`litellama bench latency`")

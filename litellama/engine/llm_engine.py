@@ -105,6 +105,7 @@ class Completion:
     logprobs: list = field(default_factory=list)
     needs_history: bool = False  # penalties: sampling needs every token on the host
     matcher: object = None  # structured outputs: the grammar's parse state (an xgrammar GrammarMatcher)
+    gate: object = None  # a ReasoningGate: the grammar waits for the reasoning block to close
 
 
 # %% ../../nbs/12_llm_engine.ipynb #46484cd1
@@ -430,6 +431,7 @@ def _completions(
                 max_tokens,
                 needs_history=uses_history(params),
                 matcher=self._matcher(params.structured_outputs),
+                gate=_gate(params.structured_outputs),
             )
         )
     return comps
@@ -451,6 +453,15 @@ def _matcher(self: ContinuousBatchingEngine, so: Any) -> Any:
         except ImportError as e:
             raise ValueError(f"structured_outputs: {e}") from None
     return self._grammars.matcher(so)
+
+
+def _gate(so: Any) -> Any:
+    "A fresh `ReasoningGate` when the grammar of `so` waits for the reasoning to end (None otherwise)."
+    if so is None or getattr(so, "reasoning", None) is None:
+        return None
+    from litellama.engine.structured_outputs import ReasoningGate
+
+    return ReasoningGate(so.reasoning)
 
 
 # %% ../../nbs/12_llm_engine.ipynb #a23e0001
@@ -539,7 +550,7 @@ def _run(self: ContinuousBatchingEngine, plan: SchedulerOutput, outputs: list) -
     if any(c.matcher is not None for c in done):
         from litellama.engine.structured_outputs import fill_bitmask
 
-        bitmask = fill_bitmask([c.matcher for c in done], width)
+        bitmask = fill_bitmask([c.matcher for c in done], width, [c.gate for c in done])
     return self._sample(done, [self._row(c) for c in done], bitmask)
 
 
@@ -583,7 +594,7 @@ def _append_token(
         c.logprobs.append(logprobs)
     n_out, p = pos + 1 - c.seq.num_prompt_tokens, c.params
     stopped = c.detok.add_token(tok) if c.detok else False
-    if c.matcher is not None and not c.matcher.is_terminated():
+    if c.matcher is not None and not c.matcher.is_terminated() and (c.gate is None or c.gate.take(tok)):
         c.matcher.accept_token(tok)
         stopped = stopped or c.matcher.is_terminated()  # the grammar is complete (it took the end token)
     is_stop_token = tok in p.stop_token_ids or (tok in self._eos_set and not p.ignore_eos)  # type: ignore[operator]

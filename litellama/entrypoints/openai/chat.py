@@ -234,10 +234,13 @@ async def start_chat(st: AppState, req: ChatRequest, endpoint: str = "chat_compl
         lambda: chat_prompt_ids(st, eng, req.messages, offered, req.chat_template_kwargs)
     )  # maybe TokensWithImages
     check_length(eng, ids, params)
-    run = _Run(st, [ids], params, endpoint)
-    first, it = await _chat_first(run, grammar)
     c = _ChatSettings(params.n, mode, fname, parser, eng.tokenizer, req.logprobs, nlp or 0, st.reasoning_parser)
     c.prompt_opened = c.reasoning is not None and _opens_reasoning(eng.tokenizer, ids)
+    so = params.structured_outputs
+    if c.reasoning is not None and isinstance(so, StructuredOutputsParams):  # the grammar holds after the reasoning
+        so.reasoning = c.reasoning.grammar_tags(eng.tokenizer, c.prompt_opened)
+    run = _Run(st, [ids], params, endpoint)
+    first, it = await _chat_first(run, grammar)
     return ChatStart(run, first, it, c, len(ids))
 
 

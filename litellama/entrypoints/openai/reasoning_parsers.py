@@ -19,8 +19,9 @@ __all__ = [
 
 # %% ../../../nbs/15c_openai_reasoning_parsers.ipynb #7a7a24d8
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from ...engine.structured_outputs import ReasoningTags
 from .tool_parsers import _held
 
 
@@ -40,6 +41,11 @@ class ReasoningParser(ABC):
     @abstractmethod
     def finish(self) -> tuple[str, str]:
         "`(reasoning, content)` of what was held back, at the end of the reply."
+
+    @classmethod
+    @abstractmethod
+    def grammar_tags(cls, tokenizer: Any, prompt_opened: bool = False) -> ReasoningTags | None:
+        "Where a grammar starts: the token ids of the block's tags (None: not single tokens; it holds from the start)."
 
     @property
     @abstractmethod
@@ -85,6 +91,14 @@ class ThinkTagParser(ReasoningParser):
         super().__init__(prompt_opened)
         self.state = "reasoning" if prompt_opened or self.opens_in_reasoning else "start"
         self.buf, self.fresh = "", True  # fresh: at the start of a section, where whitespace and `<think>` are dropped
+
+    @classmethod
+    def grammar_tags(cls, tokenizer: Any, prompt_opened: bool = False) -> ReasoningTags | None:
+        ids = [tokenizer.encode(t, add_special_tokens=False) for t in (THINK_OPEN, THINK_CLOSE)]
+        if any(len(i) != 1 for i in ids):
+            return None
+        inside = prompt_opened or cls.opens_in_reasoning
+        return ReasoningTags(close_id=ids[1][0], open_id=None if inside else ids[0][0], starts_inside=inside)
 
     @property
     def reasoning(self) -> bool:
