@@ -20,6 +20,7 @@ from server_helpers import KEY, start_server, stop_server  # pytest puts tests/ 
 from test_lora import MAX_TOKENS, hf_greedy, write_adapters
 from transformers import AutoTokenizer
 
+from litellama.engine.detokenizer import IncrementalDetokenizer
 from litellama.testing.checkpoints import make_random_checkpoint
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -61,9 +62,13 @@ async def _complete(c, model, prompt, max_tokens=MAX_TOKENS):
 
 
 def _want(base, reqs, name, prompt, max_new_tokens=MAX_TOKENS):
-    "HF's greedy text for `prompt` with adapter `name` merged (the base model for `BASE`)."
+    """HF's greedy tokens for `prompt` with adapter `name` merged (the base model for `BASE`), as the server's text:
+    detokenized after the prompt's own tokens, as the engine does."""
     toks = hf_greedy(base, None if name == BASE else reqs[name].path, prompt, max_new_tokens)
-    return AutoTokenizer.from_pretrained(base).decode(toks, skip_special_tokens=True)
+    d = IncrementalDetokenizer(AutoTokenizer.from_pretrained(base), prompt)
+    for t in toks:
+        d.add_token(t)
+    return d.take_delta(True)
 
 
 def test_models_lists_the_adapters(lora_server):

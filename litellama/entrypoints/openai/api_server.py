@@ -26,6 +26,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from litellama.entrypoints.openai.lora import (
+    LoadLoRAAdapter,
+    UnloadLoRAAdapter,
+    load_adapter,
+    model_cards,
+    parse_lora_modules,
+    resolve_model,
+    unload_adapter,
+)
 from litellama.entrypoints.openai.protocol import (
     APIError,
     ChatRequest,
@@ -48,15 +57,6 @@ from .embeddings import embeddings
 from .openapi import openapi_spec
 from .reasoning_parsers import reasoning_parser as find_reasoning_parser
 from .responses import responses
-from litellama.entrypoints.openai.lora import (
-    LoadLoRAAdapter,
-    UnloadLoRAAdapter,
-    load_adapter,
-    model_cards,
-    parse_lora_modules,
-    resolve_model,
-    unload_adapter,
-)
 from .serving import AppState, request_lora
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #edb55271

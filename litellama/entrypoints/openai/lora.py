@@ -1,5 +1,4 @@
-"""A request's `model` names the base model or an adapter; `/v1/models` lists the adapters; adapters load and unload
-while the server runs.
+"""A request's `model` names the base model or one of its adapters, which load and unload while the server runs.
 
 Docs: https://litellama.github.io/litellama/nbs/openai_lora.html.md"""
 
@@ -22,9 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ...models.lora import AdapterError, LoRARequest
 from .protocol import APIError
 from .serving import AppState
-from ...models.lora import AdapterError, LoRARequest
 
 
 # %% ../../../nbs/15k_openai_lora.ipynb #ebe6f5d1
