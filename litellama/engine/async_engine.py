@@ -125,9 +125,9 @@ def _run(self: AsyncLLMEngine):
 def _apply(self: AsyncLLMEngine, kind: str, rid: str | None, arg: Any) -> None:
     "One command on the engine thread: `add` (an error goes to the request's own queue), `abort`, `score` or `call`."
     if kind == "add":
-        prompt, params = arg
+        prompt, params, lora = arg
         try:
-            self.engine.add_request(prompt, params, rid)
+            self.engine.add_request(prompt, params, rid, **({} if lora is None else {"lora_request": lora}))
         except Exception as e:
             self._push(rid, e)
     elif kind == "abort":
@@ -260,14 +260,19 @@ _NOTHING = object()  # no output held back
 # %% ../../nbs/13_async_engine.ipynb #0be665cf
 @patch
 async def generate(
-    self: AsyncLLMEngine, prompt: str | list | dict, params: SamplingParams | None = None, request_id: str | None = None
+    self: AsyncLLMEngine,
+    prompt: str | list | dict,
+    params: SamplingParams | None = None,
+    request_id: str | None = None,
+    lora_request: Any = None,
 ):
-    "Stream the `StepOutput`s of one request; leaving the loop early (or being cancelled) aborts it."
+    """Stream the `StepOutput`s of one request (through the adapter `lora_request`, a `LoRARequest`, if given);
+    leaving the loop early (or being cancelled) aborts it."""
     await self._ready()
     params = params or SamplingParams()
     rid = request_id or uuid.uuid4().hex
     stream = self._streams[rid] = asyncio.Queue()
-    self._commands.put(("add", rid, (prompt, params)))
+    self._commands.put(("add", rid, (prompt, params, lora_request)))
     remaining, completed, held = params.n, False, _NOTHING
     try:
         while remaining:

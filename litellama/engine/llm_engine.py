@@ -42,12 +42,14 @@ from ..executor.sampler import uses_history
 from ..executor.step_plan import Placeholder, SchedulerOutput
 from ..models.interfaces import SupportsImages
 from ..models.loader import load_model, resolve_device, resolve_dtype
+from ..models.lora import LoRARequest
 from ..models.model_dir import resolve_model_dir
 from ..multimodal.processing import process_images as encode_images
 from ..sampling_params import SEED_RANGE, SamplingParams
 from ..utils import patch
 from .block_manager import BlockManager, shared_window
 from .detokenizer import IncrementalDetokenizer
+from .lora import LoRAManager
 from .scheduler import Scheduler
 from .sequence import Sequence
 
@@ -143,6 +145,10 @@ class ContinuousBatchingEngine:
         async_scheduling: bool | None = None,
         kv_cache_dtype: str = "auto",
         executor: Executor | None = None,
+        enable_lora: bool = False,
+        max_loras: int = 4,
+        max_lora_rank: int = 64,
+        max_cpu_loras: int | None = None,
     ):
         opts = {k: v for k, v in locals().items() if k in EngineArgs.__dataclass_fields__ and k != "model"}
         configs = EngineArgs(**opts, model=model_dir).create_engine_configs()  # each option checked here, once
@@ -150,12 +156,15 @@ class ContinuousBatchingEngine:
         self.model, self.config, self.tokenizer, self.model_dir = model, config, tokenizer, model_dir
         self.device, self.dtype = torch.device(device), dtype
         self.max_model_len = context_length(max_model_len, config)
+        self.lora = self._init_lora(enable_lora, max_loras, max_lora_rank, max_cpu_loras, executor)
         self._init_executor(executor)
+        self.runner.lora = self.lora
         windows = [m.window for m in self.model.modules() if hasattr(m, "k_cache")] if self.model is not None else []
         self.block_manager = BlockManager(  # a model windowed in every layer lets the cache follow its window
             self.executor.num_blocks, block_size, enable_prefix_caching, shared_window(windows)
         )
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, self.scheduler_config.max_num_batched_tokens)
+        sc = self.scheduler_config
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, sc.max_num_batched_tokens, self.lora and max_loras)
         self._init_requests(seed)
         self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
 
@@ -181,6 +190,26 @@ def _init_executor(self: ContinuousBatchingEngine, executor: Executor | None = N
         log.warning(f"this engine refuses image inputs: {self.no_images}")
     if self.device.type == "cuda" and not self.model_config.enforce_eager:
         ex.capture_cuda_graphs(sc.max_num_seqs, self.max_model_len)
+
+
+# %% ../../nbs/12_llm_engine.ipynb #487d264e
+@patch
+def _init_lora(
+    self: ContinuousBatchingEngine,
+    enable_lora: bool,
+    max_loras: int,
+    max_lora_rank: int,
+    max_cpu_loras: int | None,
+    executor: Executor | None,
+) -> LoRAManager | None:
+    "The adapters' manager with `enable_lora` (None without): every linear layer wrapped once, before any warm-up."
+    if not enable_lora:
+        return None
+    if executor is not None or self.model is None:
+        raise ValueError("enable_lora needs tensor_parallel_size=1: the adapters' slots live beside one whole model")
+    sc = self.scheduler_config
+    rows = max(sc.max_num_batched_tokens or 0, sc.max_num_seqs)
+    return LoRAManager(self.model, max_loras, max_lora_rank, max_cpu_loras, rows)
 
 
 # %% ../../nbs/12_llm_engine.ipynb #7bfea34b
@@ -299,10 +328,11 @@ def add_request(
     params: SamplingParams | None = None,
     request_id: str | None = None,
     stream: bool = True,
+    lora_request: LoRARequest | None = None,
 ) -> str:
     """Queue `prompt` (a string, token ids, or a dict with `multi_modal_data`); returns its request id. With
     `stream=False` the outputs carry no text deltas: the text is decoded once, when the request finishes (unless it
-    has stop strings)."""
+    has stop strings). `lora_request` runs it through that adapter (the engine needs `enable_lora=True`)."""
     params = params or SamplingParams()
     request_id = request_id or uuid.uuid4().hex
     if request_id in self.requests:
@@ -316,13 +346,26 @@ def add_request(
     if not ids:
         raise ValueError("the prompt is empty")
     max_tokens = self._check_request(ids, params)
+    self._check_lora(lora_request)
     base_seed = params.seed % SEED_RANGE if params.seed is not None else self._rng.getrandbits(62)
-    comps = self._completions(request_id, ids, mm, params, max_tokens, base_seed, stream)
+    comps = self._completions(request_id, ids, mm, params, max_tokens, base_seed, stream, lora_request)
     self.requests[request_id] = comps
     for c in comps:
         self.by_seq[c.seq.seq_id] = c
         self.scheduler.add(c.seq)
     return request_id
+
+
+# %% ../../nbs/12_llm_engine.ipynb #2a8e197b
+@patch
+def _check_lora(self: ContinuousBatchingEngine, lora_request: LoRARequest | None) -> None:
+    "Refuse in one line an adapter this engine cannot serve; read and check it now, not in a step."
+    if lora_request is None:
+        return
+    if self.lora is None:
+        name = getattr(lora_request, "name", lora_request)
+        raise ValueError(f"LoRA request for adapter '{name}' but this engine was built without enable_lora=True")
+    self.lora.add(lora_request)
 
 
 # %% ../../nbs/12_llm_engine.ipynb #a1482b9d
@@ -362,11 +405,16 @@ def _completions(
     max_tokens: int,
     base_seed: int,
     stream: bool,
+    lora_request: LoRARequest | None = None,
 ) -> list:
-    "The request's `n` completions: each its own sequence, seed, detokenizer and grammar matcher."
+    """The request's `n` completions: each its own sequence, seed, detokenizer and grammar matcher. An adapter's id is
+    part of every block's prefix-cache key: two adapters never share cached blocks."""
     comps = []
     for i in range(params.n):
-        seq = Sequence(next(self._seq_ids), list(ids), len(ids), extra_keys=tuple(m.hash for m in mm), mm_inputs=mm)
+        keys = ((("lora", lora_request.id),) if lora_request else ()) + tuple(m.hash for m in mm)  # no shared blocks
+        seq = Sequence(
+            next(self._seq_ids), list(ids), len(ids), extra_keys=keys, mm_inputs=mm, lora_request=lora_request
+        )
         det = (
             IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens, lazy=not stream)
             if self.tokenizer

@@ -20,8 +20,15 @@ from .sequence import Sequence
 class Scheduler:
     "FIFO continuous batching with chunked prefill, prefix-cache hits and preemption by recompute."
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_loras: int | None = None,
+    ):
         self.bm, self.max_num_seqs, self.max_num_batched_tokens = block_manager, max_num_seqs, max_num_batched_tokens
+        self.max_loras = max_loras  # most distinct adapters the running sequences use (None: no adapters)
         self.waiting: deque = deque()
         self.running: list = []
         self.num_preemptions = self.num_prefix_hit_tokens = self.num_chunked_prefills = 0
@@ -102,6 +109,8 @@ def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int) -> boo
     admitted = False
     while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
         seq = self.waiting[0]
+        if not self._adapter_fits(seq):
+            break  # its adapter would be one too many: wait for a running one to finish rather than swap every step
         hits = self.bm.lookup_prefix(seq)
         start = len(hits) * self.bm.block_size
         n = min(seq.num_tokens - start, budget)
@@ -115,6 +124,16 @@ def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int) -> boo
         budget -= n
         admitted = True
     return admitted
+
+
+# %% ../../nbs/09_scheduler.ipynb #4f31cfd0
+@patch
+def _adapter_fits(self: Scheduler, seq: Sequence) -> bool:
+    "Can `seq` run beside the running sequences without their distinct adapters going over `max_loras`?"
+    if not seq.lora_id or self.max_loras is None:
+        return True
+    live = {s.lora_id for s in self.running if s.lora_id}
+    return seq.lora_id in live or len(live) < self.max_loras
 
 
 # %% ../../nbs/09_scheduler.ipynb #a9261440

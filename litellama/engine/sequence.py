@@ -9,6 +9,7 @@ __all__ = ["Sequence"]
 
 # %% ../../nbs/08_sequence.ipynb #bd1b1fe4
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..executor.step_plan import Placeholder
 from ..utils import patch
@@ -28,6 +29,7 @@ class Sequence:
     num_released_blocks: int = 0  # leading blocks handed back: no query can see them (a windowed model)
     extra_keys: tuple = ()  # e.g. image hashes: part of every block's identity
     mm_inputs: tuple = ()  # its images (multimodal.ImageInput): token spans and features
+    lora_request: Any = None  # the adapter it runs through (a LoRARequest); None: the base model
 
 
 # %% ../../nbs/08_sequence.ipynb #15961592
@@ -40,6 +42,13 @@ def num_tokens(self: Sequence) -> int:
 @patch(as_prop=True)
 def num_output_tokens(self: Sequence) -> int:
     return len(self.token_ids) - self.num_prompt_tokens
+
+
+# %% ../../nbs/08_sequence.ipynb #4d3b014a
+@patch(as_prop=True)
+def lora_id(self: Sequence) -> int:
+    "Its adapter's id; 0 for the base model."
+    return self.lora_request.id if self.lora_request is not None else 0
 
 
 # %% ../../nbs/08_sequence.ipynb #3ff43e5b

@@ -255,7 +255,16 @@ def cmd_serve(a: argparse.Namespace) -> None:
         reasoning_parser=a.reasoning_parser,
         pooling=a.pooling,
         **_engine_options(a),
+        **_lora_options(a),
     )
+
+
+def _lora_options(a: argparse.Namespace) -> dict:
+    "The adapters' options of `serve`, only when `--enable-lora` (or `--lora-modules`) is given."
+    if not a.enable_lora and not a.lora_modules:
+        return {}
+    opts = dict(enable_lora=a.enable_lora, lora_modules=a.lora_modules or [])
+    return opts | {k: getattr(a, k) for k in ("max_loras", "max_lora_rank", "max_cpu_loras") if getattr(a, k)}
 
 
 # %% ../../nbs/16_cli.ipynb #b11d15f5
@@ -487,6 +496,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None)
     s.add_argument("--served-model-name", default=None)
+    s.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters beside the base model")
+    s.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH", help="PEFT adapters to serve")
+    s.add_argument("--max-loras", type=int, default=None, help="most adapters in one step (default 4)")
+    s.add_argument("--max-lora-rank", type=int, default=None, help="highest adapter rank served (default 64)")
+    s.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept in CPU memory (default max-loras)")
     s.set_defaults(fn=cmd_serve)
     s.add_argument(
         "--allowed-local-media-path", default=None, help="image_url parts may name local files under this directory"

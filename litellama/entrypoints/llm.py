@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from ..engine.data_parallel import engine_from_pretrained
 from ..engine.pooling import embed_ids, finish_embeddings, pooling_of
 from ..models.interfaces import SupportsImages
+from ..models.lora import LoRARequest
 from ..multimodal.processing import chat_images
 from ..sampling_params import SamplingParams
 from ..utils import patch
@@ -84,10 +85,20 @@ def _as_lists(prompts: str | list, params: SamplingParams | list | None) -> tupl
 
 # %% ../../nbs/14_llm.ipynb #238e669c
 @patch
-def _add_requests(self: LLM, prompts: list, plist: list) -> tuple:
-    "Add every prompt: `(request ids, {request id: RequestOutput with empty completions})`."
+def _add_requests(self: LLM, prompts: list, plist: list, loras: list | None = None) -> tuple:
+    "Add every prompt (through `loras[i]`, if given): `(request ids, {request id: RequestOutput, empty completions})`."
     ids: list = [p if isinstance(p, dict) else self.engine.tokenize(p) for p in prompts]
-    rids = [self.engine.add_request(t, sp, stream=False) for t, sp in zip(ids, plist, strict=True)]
+    lo = lambda i: {} if loras is None or loras[i] is None else {"lora_request": loras[i]}
+    rids = []
+    try:
+        for i, (t, sp) in enumerate(zip(ids, plist, strict=True)):
+            rids.append(self.engine.add_request(t, sp, stream=False, **lo(i)))
+    except Exception:
+        for rid in rids:  # all or none: a refused prompt leaves no other running
+            self.engine.abort_request(rid)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        raise
     seq = lambda r: self.engine.requests[r][0].seq  # a dict prompt's ids are known once its images are expanded
     ids = [
         seq(r).token_ids[: seq(r).num_prompt_tokens] if isinstance(t, dict) else t
@@ -133,11 +144,19 @@ def _run(self: LLM, rids: list, results: dict, use_tqdm: bool) -> None:
 # %% ../../nbs/14_llm.ipynb #1a7a0503
 @patch
 def generate(
-    self: LLM, prompts: str | list, params: SamplingParams | list | None = None, use_tqdm: bool = True
+    self: LLM,
+    prompts: str | list,
+    params: SamplingParams | list | None = None,
+    use_tqdm: bool = True,
+    lora_request: LoRARequest | list | None = None,
 ) -> list:
-    "Complete each prompt (a string or a list of token ids); one `SamplingParams` for all, or one per prompt."
+    """Complete each prompt (a string or a list of token ids); one `SamplingParams` for all, or one per prompt;
+    `lora_request`: one adapter for all prompts, or one per prompt (None: the base model)."""
     prompts, plist = _as_lists(prompts, params)
-    rids, results = self._add_requests(prompts, plist)
+    loras = lora_request if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
+    if len(loras) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(loras)} LoRA requests")
+    rids, results = self._add_requests(prompts, plist, None if lora_request is None else list(loras))
     self._run(rids, results, use_tqdm)
     return [results[r] for r in rids]
 

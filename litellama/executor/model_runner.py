@@ -110,6 +110,7 @@ class ModelRunner:
         self._tables: dict = {}  # seq_id -> (its block_table list, that list as an array)
         self.graphs: dict = {}  # CUDA graphs by batch size, once captured
         self.graph_sizes: list = []
+        self.lora: Any = None  # a LoRAManager (engine.lora) when the engine serves adapters
         self.num_blocks = self._num_blocks(max_num_batched_tokens)
         self.kv_cache = self._new_cache(self.num_blocks)
         model.bind_kv_cache(self.kv_cache)
@@ -240,6 +241,8 @@ def execute(self: ModelRunner, plan: SchedulerOutput, prev_token_ids: torch.Tens
     stands for its row of `prev_token_ids`, a token the previous step sampled that the host has not read yet."""
     with torch.inference_mode():
         mi = self.prepare(plan)
+        if self.lora is not None:
+            self.lora.set_rows(plan.scheduled)  # each row's adapter slot, read by every adapted layer
         if prev_token_ids is not None:
             mi.input_ids = fill_placeholders(mi.input_ids, prev_token_ids)
         if any(seq.mm_inputs for seq, _ in plan.scheduled):

@@ -26,6 +26,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from litellama.entrypoints.openai.lora import (
+    LoadLoRAAdapter,
+    UnloadLoRAAdapter,
+    load_adapter,
+    model_cards,
+    parse_lora_modules,
+    resolve_model,
+    unload_adapter,
+)
 from litellama.entrypoints.openai.protocol import (
     APIError,
     ChatRequest,
@@ -40,6 +49,7 @@ from litellama.entrypoints.openai.protocol import (
 )
 
 from ...engine.pooling import POOLING_TYPES
+from ...models.lora import LoRARequest
 from .chat import chat_completions
 from .chat_utils import chat_prompt, prompt_ids
 from .completions import completions
@@ -47,7 +57,7 @@ from .embeddings import embeddings
 from .openapi import openapi_spec
 from .reasoning_parsers import reasoning_parser as find_reasoning_parser
 from .responses import responses
-from .serving import AppState
+from .serving import AppState, request_lora
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #edb55271
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)  # seconds: TTFT, end to end
@@ -284,19 +294,24 @@ def _add_error_handlers(app: Any) -> None:
         return _error_response(APIError(f"internal error: {type(e).__name__}: {e}", 500, "server_error"))
 
 
-# %% ../../../nbs/15h_openai_api_server.ipynb #2d39ad47
-def _check_model(name: str, served: str) -> None:
-    if name != served:
-        msg = f"The model `{name}` does not exist; this server serves `{served}`."
-        raise APIError(msg, 404, "invalid_request_error", "model", "model_not_found")
-
-
 # %% ../../../nbs/15h_openai_api_server.ipynb #8f3d167b
 def _add_model_routes(app: Any, st: AppState) -> None:
+    from fastapi import Request
+    from fastapi.responses import PlainTextResponse
+
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": st.model_name, "object": "model", "created": st.created, "owned_by": "litellama"}
-        return {"object": "list", "data": [{**card, "max_model_len": st.engine.engine.max_model_len}]}
+        return {"object": "list", "data": model_cards(st)}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora(request: Request) -> Any:
+        req = await _parse(request, LoadLoRAAdapter, st.limits.max_request_bytes)
+        return PlainTextResponse(await load_adapter(st, req.lora_name, req.lora_path))
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora(request: Request) -> Any:
+        req = await _parse(request, UnloadLoRAAdapter, st.limits.max_request_bytes)
+        return PlainTextResponse(await unload_adapter(st, req.lora_name))
 
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #4ec9cfc2
@@ -304,7 +319,7 @@ async def _generation(st: AppState, request: Any, schema: type[BaseModel], handl
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     req = await _parse(request, schema, st.limits.max_request_bytes)
-    _check_model(req.model, st.model_name)
+    request_lora.set(resolve_model(st, req.model))  # the adapter (or None) this request's engine requests run through
     try:
         res = await _unless_disconnected(request, handler(st, req))
     except APIError as e:
@@ -469,14 +484,19 @@ def serve(
     allowed_local_media_path: str | None = None,
     reasoning_parser: str | None = None,
     pooling: str | None = None,
+    lora_modules: list | dict | None = None,
     **engine_options: Any,
 ) -> int:
-    "Load `model_dir` (default: the bundled model) and serve it over HTTP until SIGTERM or Ctrl-C."
+    """Load `model_dir` (default: the bundled model) and serve it over HTTP until SIGTERM or Ctrl-C; `lora_modules`
+    (`name=path` items) are adapters served as models of their own (with `enable_lora=True`)."""
     uvicorn = _need("uvicorn")
     if reasoning_parser is not None:
         find_reasoning_parser(reasoning_parser)  # a wrong name fails before the model loads
     if pooling is not None and pooling not in POOLING_TYPES:
         raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}, got {pooling!r}")
+    loras = parse_lora_modules(lora_modules)
+    if loras and not engine_options.get("enable_lora"):
+        raise ValueError("--lora-modules needs --enable-lora")
     _need("fastapi")
     _need("prometheus_client")
     from litellama.engine.async_engine import AsyncLLMEngine
@@ -485,6 +505,12 @@ def serve(
     name = served_model_name or (engine.engine.model_dir.name if engine.engine.model_dir else "litellama")
     app = build_app(engine, name, api_key=api_key, limits=limits, reasoning_parser=reasoning_parser, pooling=pooling)
     app.state.litellama.allowed_local_media_path = allowed_local_media_path  # image files may come from here only
+    for i, (lora_name, path) in enumerate(loras.items(), 1):
+        if lora_name == name:
+            raise ValueError(f"--lora-modules: adapter '{lora_name}' has the base model's name")
+        r = LoRARequest(lora_name, i + 1_000_000, path)  # ids apart from those loaded later
+        engine.engine.lora.add(r)  # read and checked before the server answers
+        app.state.litellama.loras[lora_name] = r
     _quiet_loop()
     _run_uvicorn(uvicorn, app, host, port)
     return 0
