@@ -123,8 +123,9 @@ def _cpu_rows(rec: dict | None) -> list:
             if r is None:
                 continue
             e = r["engines"]
-            peers = ", ".join(f"{n} {fmt(e[k]['tok_s'])} ({fmt(r['ratio'][k], '×')})" for k, n in PEERS.items() if k in e)
-            rows.append((f"CPU, {dt}, batch {b}, tok/s", fmt(e["litellama"]["tok_s"]), peers, _link("cpu_peers.json")))
+            peers = [f"{n} {fmt(e[k]['tok_s'])} ({fmt(r['ratio'][k], '×')})" for k, n in PEERS.items() if k in e]
+            what = f"CPU, {dt}, batch {b}, tok/s"
+            rows.append((what, fmt(e["litellama"]["tok_s"]), ", ".join(peers), _link("cpu_peers.json")))
     return rows
 
 
