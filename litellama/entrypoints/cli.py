@@ -259,8 +259,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
     )
 
 
-def _lora_options(a: argparse.Namespace) -> dict:
-    "The adapters' options of `serve`, only when `--enable-lora` (or `--lora-modules`) is given."
+def _lora_options(a: argparse.Namespace) -> dict:  # serve's adapter options, only with --enable-lora or --lora-modules
     if not a.enable_lora and not a.lora_modules:
         return {}
     opts = dict(enable_lora=a.enable_lora, lora_modules=a.lora_modules or [])

@@ -303,12 +303,12 @@ def _add_model_routes(app: Any, st: AppState) -> None:
     async def models() -> dict:
         return {"object": "list", "data": model_cards(st)}
 
-    @app.post("/v1/load_lora_adapter")
+    @app.post("/v1/load_lora_adapter", include_in_schema=False)  # admin routes: text answers
     async def load_lora(request: Request) -> Any:
         req = await _parse(request, LoadLoRAAdapter, st.limits.max_request_bytes)
         return PlainTextResponse(await load_adapter(st, req.lora_name, req.lora_path))
 
-    @app.post("/v1/unload_lora_adapter")
+    @app.post("/v1/unload_lora_adapter", include_in_schema=False)
     async def unload_lora(request: Request) -> Any:
         req = await _parse(request, UnloadLoRAAdapter, st.limits.max_request_bytes)
         return PlainTextResponse(await unload_adapter(st, req.lora_name))
