@@ -17,9 +17,11 @@ __all__ = [
     "SchedulerConfig",
     "ParallelConfig",
     "EngineArgs",
+    "json_object",
 ]
 
 # %% ../nbs/00_config.ipynb #d02b3057
+import json
 from dataclasses import dataclass, fields
 
 from .utils import patch
@@ -148,15 +150,21 @@ def default_max_num_batched_tokens(device) -> int:
 # %% ../nbs/00_config.ipynb #e517109c
 @dataclass
 class SchedulerConfig:
-    "How many sequences and tokens one step may hold, and whether steps overlap."
+    "How many sequences and tokens one step may hold, whether steps overlap, and whether sequences speculate."
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     async_scheduling: bool | None = None
+    speculative_config: dict | None = None  # e.g. {"method": "ngram", "num_speculative_tokens": 4} (33_spec_decode)
 
     def __post_init__(self):
         _at_least("max_num_seqs", self.max_num_seqs, none_ok=False)
         _at_least("max_num_batched_tokens", self.max_num_batched_tokens)
+        s = self.speculative_config
+        _check(
+            s is None or isinstance(s, dict) or hasattr(s, "num_speculative_tokens"),
+            f"speculative_config must be a dict, got {type(s).__name__}",
+        )
 
 
 # %% ../nbs/00_config.ipynb #f9d94f22
@@ -229,6 +237,10 @@ CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the fi
     "tensor_parallel_size": ("--tensor-parallel-size", "split every layer over N ranks (GPUs, or CPU processes)"),
     "data_parallel_size": ("--data-parallel-size", "N engine replicas in their own processes behind a router"),
     "routing": ("--routing", "data parallel: which replica takes a request"),
+    "speculative_config": (
+        "--speculative-config",
+        'speculative decoding, as JSON: \'{"method": "ngram", "num_speculative_tokens": 4}\' or {"model": DIR, ...}',
+    ),
 }
 
 # %% ../nbs/00_config.ipynb #8c80960b
@@ -239,6 +251,17 @@ _TYPES = {"max_model_len": int, "block_size": int, "num_kv_blocks": int, "kv_cac
 _TYPES.update(
     max_num_batched_tokens=int, gpu_memory_utilization=float, tensor_parallel_size=int, data_parallel_size=int
 )
+
+
+def json_object(text: str) -> dict:
+    "A flag's JSON object (argparse names this function when the text is not one)."
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(text)
+    return value
+
+
+_TYPES["speculative_config"] = json_object
 
 # %% ../nbs/00_config.ipynb #c36d3505
 _SWITCHES = {
@@ -284,5 +307,5 @@ def to_cli_args(self: EngineArgs) -> list:
         ok = f.name in CLI_FLAGS and (f.name not in _SWITCHES or v == _SWITCHES[f.name])
         _check(ok, f"{f.name}={v!r} has no command-line flag")
         flag = CLI_FLAGS[f.name][0]
-        out += [flag] if f.name in _SWITCHES else [flag, str(v)]
+        out += [flag] if f.name in _SWITCHES else [flag, json.dumps(v) if isinstance(v, dict) else str(v)]
     return out

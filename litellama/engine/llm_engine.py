@@ -38,6 +38,7 @@ from ..config import EngineArgs
 from ..distributed.comm import DistributedError
 from ..executor.executor import Executor, InProcessExecutor, StepResult
 from ..executor.model_runner import ModelRunner
+from ..executor.proposer import Proposer, SpeculativeConfig, make_proposer
 from ..executor.sampler import uses_history
 from ..executor.step_plan import Placeholder, SchedulerOutput
 from ..models.interfaces import SupportsImages
@@ -49,9 +50,11 @@ from ..sampling_params import SEED_RANGE, SamplingParams
 from ..utils import patch
 from .block_manager import BlockManager, shared_window
 from .detokenizer import IncrementalDetokenizer
+from .draft_model import DraftModelProposer
 from .lora import LoRAManager
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .spec_decode import SpecDecoder, SpecStats, release_tail_blocks
 
 log = logging.getLogger("litellama")
 
@@ -86,6 +89,7 @@ class EngineStats:
     num_chunked_prefills: int
     num_steps: int
     kv_capacity_tokens: int
+    spec: SpecStats | None = None  # speculative decoding's counters (None: no speculation)
 
 
 # %% ../../nbs/12_llm_engine.ipynb #af0c4807
@@ -149,6 +153,7 @@ class ContinuousBatchingEngine:
         max_loras: int = 4,
         max_lora_rank: int = 64,
         max_cpu_loras: int | None = None,
+        speculative_config: dict | SpeculativeConfig | None = None,
     ):
         opts = {k: v for k, v in locals().items() if k in EngineArgs.__dataclass_fields__ and k != "model"}
         configs = EngineArgs(**opts, model=model_dir).create_engine_configs()  # each option checked here, once
@@ -166,7 +171,9 @@ class ContinuousBatchingEngine:
         sc = self.scheduler_config
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, sc.max_num_batched_tokens, self.lora and max_loras)
         self._init_requests(seed)
-        self.async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
+        self.spec = self._init_spec(speculative_config)
+        overlap = self.device.type == "cuda" if async_scheduling is None else async_scheduling
+        self.async_scheduling = overlap and self.spec is None  # a speculative step reads its tokens back at once
 
 
 # %% ../../nbs/12_llm_engine.ipynb #42d9ef02
@@ -496,6 +503,11 @@ class InFlightStep:
 def step(self: ContinuousBatchingEngine) -> list:
     "Schedule and launch one step, then read back the previous one's tokens: detokenize, check stops, report."
     outputs, self._pending = self._pending, []
+    if self.spec is not None:
+        outputs += self._speculate() if self.scheduler.has_unfinished() else []
+        self.spec.sweep(self.by_seq)  # a proposer's state of finished and aborted sequences goes now
+        outputs, self._pending = outputs + self._pending, []
+        return outputs
     launched = self._launch(outputs) if self.scheduler.has_unfinished() else None
     if self._in_flight is not None:
         outputs += self._read_back(self._in_flight)
@@ -659,14 +671,16 @@ def _execute(self: ContinuousBatchingEngine, plan: SchedulerOutput, overlapped: 
         raise  # the ranks are gone: no request is to blame
     except Exception as e:
         err = e
-    bad = _culprits(plan.scheduled, lambda part: run(SchedulerOutput(part)))
+    bad = _culprits(plan.scheduled, lambda part: run(SchedulerOutput(part, num_drafts=plan.num_drafts)))
     if not bad:
         raise err
     for (seq, _), why in bad:
         c = self.by_seq.get(seq.seq_id)
         if c is not None:
             self._end_request(c.request_id, "error", f"the model failed on this request: {type(why).__name__}: {why}")
-    plan = SchedulerOutput([(s, n) for s, n in plan.scheduled if s.seq_id in self.by_seq], plan.preempted)
+    plan = SchedulerOutput(
+        [(s, n) for s, n in plan.scheduled if s.seq_id in self.by_seq], plan.preempted, plan.num_drafts
+    )
     return (run(plan) if plan.scheduled else None), plan
 
 
@@ -695,6 +709,106 @@ def _sample(self: ContinuousBatchingEngine, done: list, rows: list, bitmask: tor
     if not keep:
         return None, []
     return ex.sample_tokens([rows[j] for j in keep], mask(keep), select=keep), [done[j] for j in keep]
+
+
+# %% ../../nbs/12_llm_engine.ipynb #5a8535b6
+@patch
+def _init_spec(self: ContinuousBatchingEngine, options: dict | SpeculativeConfig | None) -> SpecDecoder | None:
+    "The engine's speculation from `speculative_config` (None: none); refused in one line where it cannot run."
+    if options is None:
+        return None
+    config = SpeculativeConfig.from_dict(options)
+    if not isinstance(self.executor, InProcessExecutor):
+        raise ValueError("speculative decoding needs tensor_parallel_size=1")
+    if config.method == "draft_model":
+        proposer: Proposer = DraftModelProposer.from_target(config.model, self)
+    else:
+        proposer = make_proposer(config)
+    return SpecDecoder(config, proposer)
+
+
+# %% ../../nbs/12_llm_engine.ipynb #5495e6f2
+@patch
+def _spec_room(self: ContinuousBatchingEngine, seq: Sequence) -> int:
+    "How many drafts `seq` may take: none under a grammar; never past its `max_tokens` or the context."
+    c = self.by_seq.get(seq.seq_id)
+    if c is None or c.finished or c.matcher is not None:
+        return 0
+    return min(c.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+
+
+# %% ../../nbs/12_llm_engine.ipynb #4c1f8987
+@patch
+def _speculate(self: ContinuousBatchingEngine) -> list:
+    "One speculative step, read back at once: draft, schedule, score, keep what the target agrees with, report."
+    spec = self.spec
+    assert spec is not None
+    drafts = spec.propose(self.scheduler.running, self.by_seq, self._spec_room)
+    plan = self.scheduler.schedule()
+    spec.fit(plan, drafts)
+    width, plan = self._execute(plan, False)
+    done = [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens + n == s.num_tokens]
+    if not done:
+        self._update(plan)
+        return []
+    drafted = [c.seq.token_ids[c.seq.num_tokens - plan.num_drafts.get(c.seq.seq_id, 0) :] for c in done]
+    rows, bitmask = self._spec_rows(done, drafted, width)
+    emitted, logprobs = self.executor.verify_tokens(rows, drafted, bitmask)
+    spec.accept(plan, {c.seq.seq_id: toks for c, toks in zip(done, emitted, strict=True)})
+    self._update(plan)
+    outputs = []
+    for c, toks, lps in zip(done, emitted, logprobs or [None] * len(done), strict=True):
+        pos = c.seq.num_tokens - (len(toks) - 1)  # where the first emitted token sits: the kept drafts are in place
+        c.seq.token_ids.append(toks[-1])
+        release_tail_blocks(self.block_manager, c.seq)
+        outs = []
+        for i, tok in enumerate(toks):
+            outs.append(self._append_token(c, tok, pos + i, lps[i] if lps else None))
+            if c.finished:
+                break
+        outputs.append(_merge(outs))
+    return outputs
+
+
+# %% ../../nbs/12_llm_engine.ipynb #31c4d6d5
+@patch
+def _spec_rows(self: ContinuousBatchingEngine, done: list, drafted: list, width: int) -> tuple:
+    """`(sampling rows, grammar bitmask or None)`, one row per scored position: the row after `i` drafts counts them
+    as output (seed step, `min_tokens`, penalties' history)."""
+    rows, counts = [], []
+    for c, d in zip(done, drafted, strict=True):
+        params, seed, prompt, out, eos = self._row(c)
+        base = c.seq.num_output_tokens - len(d)
+        for i in range(len(d) + 1):
+            rows.append((params, seed, prompt, out[: base + i] if c.needs_history else base + i, eos))
+        counts.append(len(d) + 1)
+    bitmask = None
+    if any(c.matcher is not None for c in done):  # a grammar's sequence never drafts: its mask is its one row
+        from litellama.engine.structured_outputs import fill_bitmask
+
+        mask = fill_bitmask([c.matcher for c in done], width, [c.gate for c in done])
+        bitmask = None if mask is None else mask.repeat_interleave(torch.tensor(counts), 0)
+    return rows, bitmask
+
+
+def _merge(outs: list) -> StepOutput:
+    "One output for a completion's tokens of one step."
+    last = outs[-1]
+    if len(outs) == 1:
+        return last
+    lps = [lp for o in outs for lp in (o.logprobs or [])]
+    return StepOutput(
+        last.request_id,
+        last.index,
+        "".join(o.delta for o in outs),
+        [t for o in outs for t in o.token_ids],
+        last.finished,
+        last.finish_reason,
+        lps if outs[0].logprobs is not None else None,
+        last.text,
+        last.num_prompt_tokens,
+        last.num_output_tokens,
+    )
 
 
 # %% ../../nbs/12_llm_engine.ipynb #a88ad1fb
@@ -757,4 +871,5 @@ def stats(self: ContinuousBatchingEngine) -> EngineStats:
         s.num_chunked_prefills,
         self.num_steps,
         self.executor.capacity_tokens,
+        self.spec.stats if self.spec is not None else None,
     )

@@ -1,4 +1,4 @@
-"""Greedy speculative decoding over the paged KV cache: draft, score in one pass, keep, roll back.
+"""Speculative decoding in the paged engine: draft, score every draft in one pass, keep the agreed prefix, roll back.
 
 Docs: https://litellama.github.io/litellama/nbs/spec_decode.html.md"""
 
@@ -8,13 +8,10 @@ Docs: https://litellama.github.io/litellama/nbs/spec_decode.html.md"""
 __all__ = ["release_tail_blocks", "SpecStats", "SpecDecoder"]
 
 # %% ../../nbs/33_spec_decode.ipynb #0721822d
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import torch
-
-from ..executor.proposer import Proposer, SpeculativeConfig, make_proposer
-from ..executor.spec_sampler import rejection_sample
+from ..executor.proposer import Proposer, SpeculativeConfig
 from ..executor.step_plan import SchedulerOutput
 from .block_manager import BlockManager
 from .sequence import Sequence
@@ -44,123 +41,75 @@ class SpecStats:
     num_accepted_tokens: int = 0
     accepted_per_position: list = field(default_factory=list)
 
+    def count(self, drafted: int, accepted: int) -> None:
+        "One sequence's verification: `accepted` of its `drafted` tokens kept."
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        at = self.accepted_per_position
+        at.extend([0] * (drafted - len(at)))
+        for j in range(accepted):
+            at[j] += 1
 
-def _fit(plan: SchedulerOutput, seqs: dict, drafts: dict) -> None:
-    "Cut the drafts the plan does not compute this step (budget, preemption)."
-    planned = {s.seq_id: n for s, n in plan.scheduled}
-    for sid, d in drafts.items():
-        seq = seqs[sid]
-        keep = max(0, min(d, planned.get(sid, 0) - 1))
-        if keep < d:
-            del seq.token_ids[seq.num_tokens - (d - keep) :]
-            drafts[sid] = keep
+    @property
+    def mean_acceptance_length(self) -> float:
+        "Tokens a verified sequence emits on average: its kept drafts and the target's own."
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
 
 # %% ../../nbs/33_spec_decode.ipynb #40db30b3
 class SpecDecoder:
-    "Greedy speculative generation over an engine's scheduler, block manager and model runner (one process)."
+    "The engine's speculation: drafts before a step is scheduled, their fit to the plan, and the rollback after it ran."
 
-    def __init__(self, engine: Any, config: SpeculativeConfig | dict, proposer: Proposer | None = None) -> None:
-        self.engine, self.config = engine, SpeculativeConfig.from_dict(config)
-        self.proposer = proposer or make_proposer(self.config)
-        self.stats = SpecStats()
-        self._next_id = 1 << 40  # sequence ids apart from the engine's requests
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
+        self.config, self.proposer, self.stats = config, proposer, SpecStats()
+        self._known: set = set()  # sequences the proposer may hold state for
 
-    def _propose(self, max_tokens: dict) -> dict:
-        "Append drafts to every running sequence that waits only for its next token: `{seq_id: number of drafts}`."
-        drafts = {}
-        for seq in self.engine.scheduler.running:
-            if seq.num_computed_tokens != seq.num_tokens - 1:
-                continue
-            room = min(max_tokens[seq.seq_id] - seq.num_output_tokens, self.engine.max_model_len - seq.num_tokens)
-            k = min(self.config.num_speculative_tokens or 0, room)
-            d = self.proposer.propose([seq.token_ids], k)[0] if k > 0 else []
-            seq.token_ids.extend(d)
-            drafts[seq.seq_id] = len(d)
-        return drafts
+    def sweep(self, live: dict) -> None:
+        "Tell the proposer which sequences it drafted for are gone (not among `live`'s keys)."
+        gone = [s for s in self._known if s not in live]
+        if gone:
+            self.proposer.release(gone)
+            self._known.difference_update(gone)
 
-    def _forward(self, plan: SchedulerOutput, drafts: dict) -> tuple[torch.Tensor, list]:
-        "`(logits, rows)`: logits of the plan's completing sequences at their last `1 + drafts` positions."
-        runner = self.engine.runner
-        with torch.inference_mode():
-            mi = runner.prepare(plan)
-            idx: list[int] = []
-            rows, end = [], 0
-            for seq, n in plan.scheduled:
-                end += n
-                if seq.num_computed_tokens + n == seq.num_tokens:
-                    d = drafts.get(seq.seq_id, 0)
-                    rows.append((seq, d, len(idx)))
-                    idx.extend(range(end - 1 - d, end))
-            mi.logits_indices = torch.tensor(idx, dtype=torch.long, device=mi.input_ids.device)
-            return runner.model(mi), rows
-
-    def _verify(self, logits: torch.Tensor, rows: list) -> list:
-        "The tokens each completing row emits: its kept drafts, then the target's next token."
-        if not rows:
-            return []
-        k, dev = max(d for _, d, _ in rows), logits.device
-        B, V = len(rows), logits.shape[-1]
-        probs = torch.zeros(B, k + 1, V, device=dev)
-        drafted = torch.zeros(B, k, dtype=torch.long, device=dev)
-        for i, (seq, d, at) in enumerate(rows):
-            probs[i, : d + 1] = torch.softmax(logits[at : at + d + 1].float(), -1)
+    def propose(self, running: list, live: dict, room: Callable) -> dict:
+        """Append drafts to the `running` sequences that may speculate (`room(seq)`: how many drafts it may take,
+        0 for none): `{seq_id: (seq, number of drafts)}`. Sequences no longer `live` are released first."""
+        self.sweep(live)
+        k = self.config.num_speculative_tokens or 0
+        want = [(seq, min(k, room(seq))) for seq in running if seq.num_computed_tokens == seq.num_tokens - 1]
+        want = [(seq, n) for seq, n in want if n > 0]
+        if not want:
+            return {}
+        ids = [seq.seq_id for seq, _ in want]
+        self._known.update(ids)
+        drafts = self.proposer.propose([seq.token_ids for seq, _ in want], [n for _, n in want], ids)
+        out = {}
+        for (seq, _), d in zip(want, drafts, strict=True):
             if d:
-                drafted[i, :d] = torch.tensor(seq.token_ids[seq.num_tokens - d :], device=dev)
-        num = torch.tensor([d for _, d, _ in rows], device=dev)
-        out, n = rejection_sample(probs, drafted, num, greedy=torch.ones(B, dtype=torch.bool, device=dev))
-        return [o[:m].tolist() for o, m in zip(out, n.tolist(), strict=True)]
+                seq.token_ids.extend(d)
+                out[seq.seq_id] = (seq, len(d))
+        return out
 
-    def step(self, max_tokens: dict, done: dict) -> None:
-        "One speculative step over the engine's scheduler; finished sequences move to `done` (seq id -> output ids)."
-        sched, bm = self.engine.scheduler, self.engine.block_manager
-        seqs = {s.seq_id: s for s in sched.running}
-        drafts = self._propose(max_tokens)
-        plan = sched.schedule()
-        _fit(plan, seqs, drafts)
-        logits, rows = self._forward(plan, drafts)
-        emitted = {seq.seq_id: toks for (seq, _, _), toks in zip(rows, self._verify(logits, rows), strict=True)}
+    def fit(self, plan: SchedulerOutput, drafts: dict) -> None:
+        "Cut the drafts the plan does not compute this step (budget, preemption); the plan learns the rest."
+        planned = {s.seq_id: n for s, n in plan.scheduled}
+        for sid, (seq, d) in list(drafts.items()):
+            keep = max(0, min(d, planned.get(sid, 0) - 1))
+            if keep < d:
+                del seq.token_ids[seq.num_tokens - (d - keep) :]
+            drafts[sid] = (seq, keep)
+        plan.num_drafts = {sid: d for sid, (_, d) in drafts.items() if d}
+
+    def accept(self, plan: SchedulerOutput, emitted: dict) -> None:
+        "Cut each verified sequence's rejected drafts (`emitted`: seq id -> its tokens) and count only the kept ones."
         fixed = []
         for seq, n in plan.scheduled:
-            d, toks = drafts.get(seq.seq_id, 0), emitted.get(seq.seq_id)
-            rejected = d - (len(toks) - 1) if toks is not None else 0
+            d, toks = plan.num_drafts.get(seq.seq_id, 0), emitted.get(seq.seq_id)
+            rejected = d - (len(toks) - 1) if toks is not None and d else 0
             if rejected:
                 del seq.token_ids[seq.num_tokens - rejected :]
-            fixed.append((seq, n - rejected))
             if d:
-                self.stats.num_drafts += 1
-                self.stats.num_draft_tokens += d
-                self.stats.num_accepted_tokens += d - rejected
-                at = self.stats.accepted_per_position
-                at.extend([0] * (d - rejected - len(at)))
-                for j in range(d - rejected):
-                    at[j] += 1
+                self.stats.count(d, d - rejected)
+            fixed.append((seq, n - rejected))
         plan.scheduled = fixed
-        sched.update(plan)  # only now: full blocks are hashed from the kept tokens
-        for seq, _ in fixed:
-            toks = emitted.get(seq.seq_id)
-            if toks is None:
-                continue
-            seq.token_ids.append(toks[-1])
-            release_tail_blocks(bm, seq)
-            out, limit = seq.output_ids, max_tokens[seq.seq_id]
-            stop = next((i for i, t in enumerate(out) if t in self.engine._eos_set), None)
-            if stop is not None or len(out) >= limit or seq.num_tokens >= self.engine.max_model_len:
-                done[seq.seq_id] = out[: limit if stop is None else min(limit, stop + 1)]
-                sched.finish(seq)
-
-    def generate(self, prompts: list, max_tokens: int | list) -> list:
-        "Greedy output ids of each prompt (token ids), speculating; the engine must have no requests running."
-        limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
-        ids: list[int] = []
-        budget: dict[int, int] = {}
-        done: dict[int, list] = {}
-        for p, m in zip(prompts, limits, strict=True):
-            seq = Sequence(self._next_id, list(p), len(p))
-            self._next_id += 1
-            ids.append(seq.seq_id)
-            budget[seq.seq_id] = m
-            self.engine.scheduler.add(seq)
-        while self.engine.scheduler.has_unfinished():
-            self.step(budget, done)
-        return [done[i] for i in ids]

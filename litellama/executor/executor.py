@@ -34,6 +34,7 @@ from ..distributed.comm import DistributedError
 from ..utils import patch
 from .model_runner import ModelRunner
 from .sampler import SamplingTensors, logprobs_to_host, sample_on_device
+from .spec_sampler import verify_drafts
 from .step_plan import SchedulerOutput
 from .worker import RANK_ERROR_KEY, StepMessage, Worker, run_rank
 
@@ -110,6 +111,12 @@ class Executor(ABC):
         nothing is kept and None comes back."""
 
     @abstractmethod
+    def verify_tokens(self, rows: list, drafts: list, bitmask: torch.Tensor | None = None) -> tuple:
+        """A speculative step's tokens: `rows` are the sampling rows of every scored position (each sequence's
+        drafts, then the one after them), `drafts` each sequence's drafts: `(emitted ids, their logprobs or None)`
+        per sequence."""
+
+    @abstractmethod
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         "Capture the decode steps' CUDA graphs (on every rank)."
 
@@ -167,6 +174,10 @@ class InProcessExecutor(Executor):
             return None
         self._last_ids = ids
         return self._host.start(ids, lp)
+
+    def verify_tokens(self, rows: list, drafts: list, bitmask: torch.Tensor | None = None) -> tuple:
+        st = SamplingTensors.build(rows, self._logits.shape[-1], self._logits.device, bitmask)
+        return verify_drafts(self._logits, st, drafts)
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         self.runner.capture_cuda_graphs(max_num_seqs, max_model_len)
@@ -251,6 +262,9 @@ class MultiprocExecutor(Executor):
     ) -> StepResult | None:
         out = self._on_every_rank("sample", (rows, bitmask, select, probe), lambda a: self.worker.sample(*a))
         return None if out is None else self._host.start(*out)
+
+    def verify_tokens(self, rows: list, drafts: list, bitmask: torch.Tensor | None = None) -> tuple:
+        raise ValueError("speculative decoding needs tensor_parallel_size=1")
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         self._on_every_rank("capture", (max_num_seqs, max_model_len), lambda a: self.runner.capture_cuda_graphs(*a))

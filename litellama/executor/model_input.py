@@ -80,7 +80,8 @@ def build_model_input(
 ) -> ModelInput:
     """`chunks`: one `(token_ids, start, block_table)` per sequence, prefills first; the sequence's tokens
     `start..start+len(token_ids)` are new this step. A 1-token chunk after a prefix counts as a decode.
-    `logits_for`: per sequence, whether its last token needs logits (default: all).
+    `logits_for`: per sequence, whether its last token needs logits (default: all), or how many of its last tokens
+    do (a speculative step scores every draft).
     `split_planner`, `graph_sizes`: the decodes' attention planner and the captured CUDA graphs' batch sizes
     (see `decode_plan`); without a planner the decode kernel plans for itself."""
     B = len(chunks)
@@ -92,7 +93,8 @@ def build_model_input(
     assert decode[num_prefills:].all(), "prefill chunks must come before decodes"
     lens, T, width = starts + n_new, int(n_new.sum()), max(int(n_table.max(initial=0)), 1)
     cu_all = np.concatenate([[0], np.cumsum(n_new)])
-    last = cu_all[1:] if logits_for is None else cu_all[1:][np.asarray(logits_for, dtype=bool)]
+    want = np.ones(B, np.int64) if logits_for is None else np.asarray(logits_for, dtype=np.int64)
+    last = np.repeat(cu_all[1:], want) - (np.repeat(np.cumsum(want), want) - np.arange(int(want.sum())) - 1)
     plan = decode_plan(split_planner, lens[num_prefills:].tolist(), num_prefills == 0, graph_sizes)
     sizes = [T, T, T, B, num_prefills + 1, len(last), B * width, plan[0].size, len(plan[1])]
     buf = np.zeros(sum(sizes), dtype=np.int64)

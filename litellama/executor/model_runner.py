@@ -199,7 +199,7 @@ def _prompts(self: ModelRunner, tokens: int) -> list:
 # %% ../../nbs/11_model_runner.ipynb #0d928416
 @patch
 def prepare(self: ModelRunner, plan: SchedulerOutput) -> ModelInput:
-    "The `ModelInput` of `plan`; logits only for sequences whose scheduled tokens reach their end."
+    "The `ModelInput` of `plan`; logits for sequences whose scheduled tokens reach their end, at each draft too."
     chunks = [
         (
             seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n],
@@ -211,7 +211,10 @@ def prepare(self: ModelRunner, plan: SchedulerOutput) -> ModelInput:
     if len(self._tables) > 2 * len(chunks) + 256:  # forget sequences that left
         live = {seq.seq_id for seq, _ in plan.scheduled}
         self._tables = {k: v for k, v in self._tables.items() if k in live}
-    done = [seq.num_computed_tokens + n == seq.num_tokens for seq, n in plan.scheduled]
+    drafts = plan.num_drafts
+    done = [
+        (seq.num_computed_tokens + n == seq.num_tokens) * (1 + drafts.get(seq.seq_id, 0)) for seq, n in plan.scheduled
+    ]
     return build_model_input(
         chunks, self.block_size, self.device, done, split_planner=self.split_planner, graph_sizes=self.graph_sizes
     )

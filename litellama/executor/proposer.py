@@ -8,6 +8,7 @@ Docs: https://litellama.github.io/litellama/nbs/proposer.html.md"""
 __all__ = ["SPEC_METHODS", "PLANNED_SPEC_METHODS", "Proposer", "NgramProposer", "SpeculativeConfig", "make_proposer"]
 
 # %% ../../nbs/32_proposer.ipynb #c9a42fea
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,11 +21,21 @@ class Proposer(ABC):
     "Proposes draft tokens for the sequences of one step."
 
     @abstractmethod
-    def propose(self, token_ids: Sequence[Sequence[int]], max_tokens: int | Sequence[int]) -> list[list[int]]:
-        "Up to `max_tokens` (one number, or one per sequence) draft tokens for each sequence, given its ids so far."
+    def propose(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        max_tokens: int | Sequence[int],
+        seq_ids: Sequence[int] | None = None,
+    ) -> list[list[int]]:
+        """Up to `max_tokens` (one number, or one per sequence) draft tokens for each sequence, given its ids so far;
+        `seq_ids` name the sequences, for a proposer that keeps state per sequence (a draft model's KV cache)."""
 
     def draft_probs(self) -> None:
         "The distributions the last drafts were drawn from, or None for a deterministic proposer (one-hot drafts)."
+        return None
+
+    def release(self, seq_ids: Sequence[int]) -> None:
+        "Forget the state of sequences that finished or were preempted (nothing to forget by default)."
         return None
 
     @staticmethod
@@ -68,13 +79,18 @@ class NgramProposer(Proposer):
                 return ids[start + n : start + n + max_tokens].tolist()
         return []
 
-    def propose(self, token_ids: Sequence[Sequence[int]], max_tokens: int | Sequence[int]) -> list[list[int]]:
+    def propose(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        max_tokens: int | Sequence[int],
+        seq_ids: Sequence[int] | None = None,
+    ) -> list[list[int]]:
         return [self.propose_one(t, k) for t, k in zip(token_ids, self._limits(token_ids, max_tokens), strict=True)]
 
 
 # %% ../../nbs/32_proposer.ipynb #b4ce3b66
-SPEC_METHODS = ("ngram",)
-PLANNED_SPEC_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
+SPEC_METHODS = ("ngram", "draft_model")
+PLANNED_SPEC_METHODS = ("eagle", "eagle3", "mtp")
 
 
 @dataclass
@@ -100,6 +116,10 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+        if self.method == "draft_model":
+            if not isinstance(self.model, (str, os.PathLike)):
+                raise ValueError(f"speculative method 'draft_model' needs a model directory, got model={self.model!r}")
+            return
         if self.model is not None:
             raise ValueError(f"speculative method {self.method!r} takes no model, got model={self.model!r}")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
@@ -129,7 +149,7 @@ class SpeculativeConfig:
 
 # %% ../../nbs/32_proposer.ipynb #54ae8595
 def make_proposer(config: SpeculativeConfig) -> Proposer:
-    "The proposer a configuration names."
+    "The weightless proposer a configuration names; a draft model is loaded by the engine (`engine/draft_model`)."
     if config.method == "ngram":
         return NgramProposer(config.prompt_lookup_min or 1, config.prompt_lookup_max or 1)
     raise ValueError(f"speculative method {config.method!r} has no proposer")

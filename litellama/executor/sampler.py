@@ -11,6 +11,7 @@ __all__ = [
     "unpack_bitmask",
     "apply_penalties",
     "filter_probs",
+    "adjust_logits",
     "SamplerOutput",
     "sample_on_device",
     "logprobs_to_host",
@@ -168,6 +169,19 @@ def filter_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_p / sorted_p.sum(-1, keepdim=True))
 
 
+# %% ../../nbs/07_sampler.ipynb #ef908607
+def adjust_logits(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    "Penalties, logit bias, the grammar's mask and the banned tokens: the logits every row samples from."
+    logits = apply_penalties(logits, st)
+    if st.bias is not None:
+        logits = logits + st.bias
+    if st.allowed is not None:
+        logits = logits.masked_fill(~unpack_bitmask(st.allowed, logits.shape[-1]), float("-inf"))
+    if st.banned is not None:
+        logits = logits.masked_fill(st.banned, float("-inf"))
+    return logits
+
+
 # %% ../../nbs/07_sampler.ipynb #87e67274
 @dataclass
 class SamplerOutput:
@@ -184,13 +198,7 @@ def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
     if st.output_counts is not None or st.filtered is not None or st.num_logprobs >= 0 or st.bias is not None:
         logits = logits.float()
     raw = logits
-    logits = apply_penalties(logits, st)
-    if st.bias is not None:
-        logits = logits + st.bias
-    if st.allowed is not None:
-        logits = logits.masked_fill(~unpack_bitmask(st.allowed, logits.shape[-1]), float("-inf"))
-    if st.banned is not None:
-        logits = logits.masked_fill(st.banned, float("-inf"))
+    logits = adjust_logits(logits, st)
     if st.all_greedy:
         ids = logits.argmax(-1)
     else:

@@ -22,6 +22,7 @@ class SchedulerOutput:
 
     scheduled: list = field(default_factory=list)
     preempted: list = field(default_factory=list)
+    num_drafts: dict = field(default_factory=dict)  # seq_id -> how many of its last new tokens are drafts to score
 
 
 # %% ../../nbs/09a_step_plan.ipynb #dce4c9c1
