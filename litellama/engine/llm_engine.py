@@ -51,6 +51,7 @@ from ..utils import patch
 from .block_manager import BlockManager, shared_window
 from .detokenizer import IncrementalDetokenizer
 from .draft_model import DraftModelProposer
+from .eagle3 import eagle3_from_target
 from .lora import LoRAManager
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -722,6 +723,8 @@ def _init_spec(self: ContinuousBatchingEngine, options: dict | SpeculativeConfig
         raise ValueError("speculative decoding needs tensor_parallel_size=1")
     if config.method == "draft_model":
         proposer: Proposer = DraftModelProposer.from_target(config.model, self)
+    elif config.method == "eagle3":
+        proposer = eagle3_from_target(config.model, self)
     else:
         proposer = make_proposer(config)
     return SpecDecoder(config, proposer)
@@ -747,6 +750,7 @@ def _speculate(self: ContinuousBatchingEngine) -> list:
     plan = self.scheduler.schedule()
     spec.fit(plan, drafts)
     width, plan = self._execute(plan, False)
+    spec.observe(plan)
     done = [self.by_seq[s.seq_id] for s, n in plan.scheduled if s.num_computed_tokens + n == s.num_tokens]
     if not done:
         self._update(plan)

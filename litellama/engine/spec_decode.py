@@ -101,6 +101,11 @@ class SpecDecoder:
             drafts[sid] = (seq, keep)
         plan.num_drafts = {sid: d for sid, (_, d) in drafts.items() if d}
 
+    def observe(self, plan: SchedulerOutput) -> None:
+        "After the target's forward of `plan`, before its accounting: what each sequence's rows were."
+        self._known.update(s.seq_id for s, _ in plan.scheduled)
+        self.proposer.after_forward([(s.seq_id, s.num_computed_tokens, n) for s, n in plan.scheduled])
+
     def accept(self, plan: SchedulerOutput, emitted: dict) -> None:
         "Cut each verified sequence's rejected drafts (`emitted`: seq id -> its tokens) and count only the kept ones."
         fixed = []

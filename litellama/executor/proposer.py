@@ -34,6 +34,11 @@ class Proposer(ABC):
         "The distributions the last drafts were drawn from, or None for a deterministic proposer (one-hot drafts)."
         return None
 
+    def after_forward(self, scheduled: Sequence[tuple[int, int, int]]) -> None:
+        """The target's forward just computed, in row order, `(seq_id, first position, tokens)` of each sequence: a
+        proposer that reads the target's hidden states takes them now (nothing to take by default)."""
+        return None
+
     def release(self, seq_ids: Sequence[int]) -> None:
         "Forget the state of sequences that finished or were preempted (nothing to forget by default)."
         return None
@@ -89,8 +94,8 @@ class NgramProposer(Proposer):
 
 
 # %% ../../nbs/32_proposer.ipynb #b4ce3b66
-SPEC_METHODS = ("ngram", "draft_model")
-PLANNED_SPEC_METHODS = ("eagle", "eagle3", "mtp")
+SPEC_METHODS = ("ngram", "draft_model", "eagle3")
+PLANNED_SPEC_METHODS = ("eagle", "mtp")
 
 
 @dataclass
@@ -116,9 +121,11 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
-        if self.method == "draft_model":
+        if self.method in ("draft_model", "eagle3"):
             if not isinstance(self.model, (str, os.PathLike)):
-                raise ValueError(f"speculative method 'draft_model' needs a model directory, got model={self.model!r}")
+                raise ValueError(
+                    f"speculative method {self.method!r} needs a model directory, got model={self.model!r}"
+                )
             return
         if self.model is not None:
             raise ValueError(f"speculative method {self.method!r} takes no model, got model={self.model!r}")

@@ -16,13 +16,13 @@ __all__ = [
     "load_eagle3_head",
     "capture_aux_hidden",
     "draft_rows",
-    "Eagle3Proposer",
 ]
 
 # %% ../../nbs/32a_eagle3.ipynb #45b33a86
 import json
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,6 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
-from ..executor.proposer import Proposer
 from ..layers.attention import ModelInput
 from ..layers.linear import head_dim
 from ..layers.rotary import rope_inv_freq, rope_parameters
@@ -159,6 +158,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class Eagle3Attention(nn.Module):
     "Causal self-attention whose q, k, v read `2H` inputs (the normed embedding and hidden state side by side)."
 
+    inv_freq: torch.Tensor
+
     def __init__(self, config: PretrainedConfig, dtype: torch.dtype | None, device: torch.device | str | None):
         super().__init__()
         hid, self.d = config.hidden_size, head_dim(config)
@@ -229,6 +230,9 @@ class Eagle3Layer(nn.Module):
 # %% ../../nbs/32a_eagle3.ipynb #0f41752c
 class Eagle3Head(nn.Module):
     "An EAGLE-3 draft head: `fc` fuses three target hidden states, then one layer, a norm and a draft LM head."
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
 
     def __init__(
         self, config: PretrainedConfig, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
@@ -316,7 +320,7 @@ def load_eagle3_head(
 
 # %% ../../nbs/32a_eagle3.ipynb #dfe058da
 @torch.no_grad()
-def capture_aux_hidden(model: nn.Module, mi: ModelInput, layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def capture_aux_hidden(model: Any, mi: ModelInput, layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     "Run `model` on `mi`: `(logits, aux [T, len(layer_ids) * H])`, the hidden states entering the layers `layer_ids`."
     layers, got = model.model.layers, {}
 
@@ -341,56 +345,3 @@ def draft_rows(token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     "`(input_ids, positions)` of the head's first pass over `N` tokens: tokens `1 .. N-1` at positions `0 .. N-2`."
     n = len(token_ids) - 1
     return torch.tensor(list(token_ids[1:]), dtype=torch.long), torch.arange(max(n, 0))
-
-
-# %% ../../nbs/32a_eagle3.ipynb #9dc62f36
-class Eagle3Proposer(Proposer):
-    "Greedy drafts from an EAGLE-3 head, given the target's aux hidden states of each sequence (`observe`)."
-
-    def __init__(self, head: Eagle3Head):
-        self.head = head
-        self._hidden: dict = {}  # seq_id -> [n, H] fused hidden states of positions 0 .. n-1
-
-    def observe(self, seq_id: Hashable, start: int, hidden: torch.Tensor) -> None:
-        "The target's aux hidden states `[n, 3H]` of positions `start ..` of `seq_id`; replaces any from `start` on."
-        have = self._hidden.get(seq_id)
-        known = 0 if have is None else len(have)
-        if not 0 <= start <= known:
-            raise ValueError(f"sequence {seq_id}: hidden states from position {start}, but {known} positions are known")
-        p = next(self.head.parameters())
-        with torch.no_grad():
-            fused = self.head.combine(hidden.to(device=p.device, dtype=p.dtype))
-        self._hidden[seq_id] = fused if start == 0 else torch.cat([have[:start], fused])
-
-    def release(self, seq_ids: Sequence) -> None:
-        "Forget the hidden states of `seq_ids`."
-        for s in seq_ids:
-            self._hidden.pop(s, None)
-
-    @torch.no_grad()
-    def propose_one(self, seq_id: Hashable, token_ids: Sequence[int], max_tokens: int) -> list[int]:
-        "Up to `max_tokens` greedy drafts for one sequence whose hidden states cover positions `0 .. len - 2`."
-        if max_tokens <= 0 or len(token_ids) < 2:
-            return []
-        have, need = self._hidden.get(seq_id), len(token_ids) - 1
-        if have is None or len(have) < need:
-            known = 0 if have is None else len(have)
-            raise ValueError(f"sequence {seq_id}: {len(token_ids)} tokens need {need} hidden states, {known} observed")
-        ids, positions = draft_rows(token_ids)
-        ids, positions, hidden = ids.to(have.device), positions.to(have.device), have[:need]
-        out = []
-        for _ in range(max_tokens):
-            normed, prenorm = self.head(ids, hidden, positions)
-            nxt = self.head.next_tokens(normed[-1:])
-            out.append(int(nxt))
-            ids, hidden = torch.cat([ids, nxt]), torch.cat([hidden, prenorm[-1:]])
-            positions = torch.cat([positions, positions[-1:] + 1])
-        return out
-
-    def propose(
-        self, token_ids: Sequence[Sequence[int]], max_tokens: int | Sequence[int], seq_ids: Sequence | None = None
-    ) -> list[list[int]]:
-        if seq_ids is None or len(seq_ids) != len(token_ids):
-            raise ValueError("Eagle3Proposer.propose needs one seq_id per sequence (those given to observe)")
-        limits = self._limits(token_ids, max_tokens)
-        return [self.propose_one(s, t, k) for s, t, k in zip(seq_ids, token_ids, limits, strict=True)]
