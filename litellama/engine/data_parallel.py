@@ -329,7 +329,13 @@ def has_unfinished_requests(self: DataParallelEngine) -> bool:
 def stats(self: DataParallelEngine) -> EngineStats:
     "The replicas' engine statistics, summed (as of their last step)."
     got = [s for s in self._stats if s is not None]
-    return EngineStats(*(sum(getattr(s, f) for s in got) for f in EngineStats.__dataclass_fields__))
+    return EngineStats(*(_total([getattr(s, f) for s in got]) for f in EngineStats.__dataclass_fields__))
+
+
+def _total(values: list) -> Any:
+    "The sum of the replicas' values of one statistic (None where no replica has it, as without speculation)."
+    values = [v for v in values if v is not None]
+    return sum(values[1:], values[0]) if values else None
 
 
 # %% ../../nbs/27_data_parallel.ipynb #bd9d61dd

@@ -8,6 +8,7 @@ Docs: https://litellama.github.io/litellama/nbs/spec_decode.html.md"""
 __all__ = ["release_tail_blocks", "SpecStats", "SpecDecoder"]
 
 # %% ../../nbs/33_spec_decode.ipynb #0721822d
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +51,15 @@ class SpecStats:
         at.extend([0] * (drafted - len(at)))
         for j in range(accepted):
             at[j] += 1
+
+    def __add__(self, other: "SpecStats") -> "SpecStats":
+        "Two engines' counters together (data-parallel replicas)."
+        a, b = self.accepted_per_position, other.accepted_per_position
+        per = [x + y for x, y in itertools.zip_longest(a, b, fillvalue=0)]
+        n = self.num_drafts + other.num_drafts
+        return SpecStats(
+            n, self.num_draft_tokens + other.num_draft_tokens, self.num_accepted_tokens + other.num_accepted_tokens, per
+        )
 
     @property
     def mean_acceptance_length(self) -> float:

@@ -120,6 +120,26 @@ class _EngineCollector:
             value=s.prefix_cache_hit_tokens,
         )
         yield CounterMetricFamily("litellama_num_preemptions", "Sequences preempted", value=s.num_preemptions)
+        if s.spec is not None:
+            yield from _spec_metrics(s.spec)
+
+
+def _spec_metrics(st: Any) -> Iterator[Any]:
+    "Speculative decoding's counters, with vLLM's names: drafts, draft tokens, accepted tokens (also per position)."
+    from prometheus_client.core import CounterMetricFamily
+
+    c = lambda name, doc, v: CounterMetricFamily(f"litellama:spec_decode_{name}", doc, value=v)
+    yield c("num_drafts", "Sequence steps that carried drafts", st.num_drafts)
+    yield c("num_draft_tokens", "Draft tokens proposed", st.num_draft_tokens)
+    yield c("num_accepted_tokens", "Draft tokens accepted", st.num_accepted_tokens)
+    per = CounterMetricFamily(
+        "litellama:spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted at each position",
+        labels=["position"],
+    )
+    for i, n in enumerate(st.accepted_per_position):
+        per.add_metric([str(i)], n)
+    yield per
 
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #051adb99
