@@ -77,6 +77,7 @@ QUICK = {
     "latency": [],
     "kernels": [],
     "cpu": ["--engines", "litellama,hf", "--dtypes", "float32", "--threads", "1"],
+    "spec": [],
 }
 SLOW = [n for n in suites.suite_names() if n not in QUICK]
 
@@ -100,6 +101,8 @@ def test_quick_mode(name, tmp_path):
         row = rec["rows"][0]
         assert set(row["engines"]) == {"litellama", "hf"} and row["ratio"]["hf"] > 0
         assert row["same_tokens_as_hf"]["litellama"]["identical"] == row["batch"]  # fp32 greedy: the same tokens
+    if name == "spec":
+        assert rec["identical"] == rec["prompts"] and [r["method"] for r in rec["rows"]] == ["none", "ngram"]
     if name == "vs-hf":
         assert all(r["same_tokens"]["identical"] == r["batch"] for r in rec["rows"])
 

@@ -129,6 +129,17 @@ def _cpu_rows(rec: dict | None) -> list:
     return rows
 
 
+def _spec_row(rec: dict | None) -> tuple:
+    "Speculative decoding on the CPU: n-gram lookup's tok/s against none, in the same run, with identical outputs."
+    what = "CPU, fp32, batch 1, n-gram speculation on copy-heavy prompts, tok/s"
+    if rec is None:
+        return (what, AWAIT_CPU, "no speculation", "`litellama bench spec`")
+    none, ngram = (next(r for r in rec["rows"] if r["method"] == m) for m in ("none", "ngram"))
+    same = f"{rec['identical']}/{rec['prompts']} outputs identical"
+    peer = f"no speculation {fmt(none['tok_s'])} ({fmt(rec['speedup'], '×')}; {same})"
+    return (what, fmt(ngram["tok_s"]), peer, _link("spec_decode.json"))
+
+
 # %% ../../benchmarks_nb/03_report.ipynb #cba15d6d
 def headline(results: Path | None = None) -> str:
     "The README's figure table, from the current results files."
@@ -138,6 +149,7 @@ def headline(results: Path | None = None) -> str:
     ]
     rows += [_latency_row(load("latency.json", results))]
     rows += _cpu_rows(load("cpu_peers.json", results))
+    rows += [_spec_row(load("spec_decode.json", results))]
     head = "| measure | litellama | peer, same run (our ratio) | from |\n| --- | --- | --- | --- |\n"
     return head + "\n".join("| " + " | ".join(r) + " |" for r in rows)
 

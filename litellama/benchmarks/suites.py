@@ -12,6 +12,8 @@ __all__ = [
     "SUITES",
     "W1_ROWS",
     "QUICK_ROWS",
+    "CODE_EDITS",
+    "TEXT_TASKS",
     "CLI_CHILD",
     "repo_root",
     "package_sha256",
@@ -44,6 +46,8 @@ __all__ = [
     "Serving",
     "ScriptSuite",
     "CpuPeers",
+    "grounded_prompts",
+    "SpecDecode",
     "suite_names",
     "run_suite",
     "ab",
@@ -776,6 +780,103 @@ class CpuPeers(Suite):
 
 
 register(CpuPeers())
+
+# %% ../../benchmarks_nb/01a_suites.ipynb #0f44aa9f
+CODE_EDITS = (
+    "def mean(xs):\n    total = 0\n    for x in xs:\n        total = total + x\n    return total / len(xs)\n",
+    "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n",
+)
+TEXT_TASKS = (
+    "Repeat the following paragraph exactly, word for word:\n\n{}",
+    "Copy the following paragraph, putting each sentence on its own line:\n\n{}",
+    "Rewrite the following paragraph with American spelling, changing nothing else:\n\n{}",
+)
+
+
+def grounded_prompts(n_paragraphs: int = 2) -> list:
+    "User messages whose answers copy their input: each text task on `n_paragraphs` held-out paragraphs, code edits."
+    import litellama
+
+    text = (Path(litellama.__file__).parent / "data" / "heldout.txt").read_text()
+    paras = [p for p in text.split("\n\n") if 300 < len(p) < 900][:n_paragraphs]
+    out = [t.format(p) for t in TEXT_TASKS for p in paras]
+    return out + [f"Add type hints to this Python function and return the whole function:\n\n{c}" for c in CODE_EDITS]
+
+
+# %% ../../benchmarks_nb/01a_suites.ipynb #eb30c3a0
+def _chat_ids(eng, text: str) -> list:
+    "The prompt ids of one user message, through the chat template when the tokenizer has one (as `LLM.chat`)."
+    tok = eng.tokenizer
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return eng.tokenize(text)
+
+
+def _greedy_alone(eng, prompts: list, gen: int) -> list:
+    "Each prompt's greedy output ids (up to `gen`, stopping at EOS), one request at a time."
+    from litellama.sampling_params import SamplingParams
+
+    out = []
+    for p in prompts:
+        rid, toks = eng.add_request(p, SamplingParams(temperature=0, max_tokens=gen)), []
+        while eng.has_unfinished_requests():
+            toks += [t for o in eng.step() if o.request_id == rid for t in o.token_ids]
+        out.append(toks)
+    return out
+
+
+def _spec_rows(runs: list, tokens: dict, spec_engine) -> dict:
+    "The summary: each method's median tok/s, the speed-up, the mean acceptance length, identical outputs."
+    rate = {m: _median([r["tokens"] / r["seconds"] for r in runs if r["method"] == m]) for m in ("none", "ngram")}
+    st = spec_engine.stats.spec
+    same = sum(a == b for a, b in zip(tokens["none"], tokens["ngram"], strict=True))
+    rows = [dict(method="none", tok_s=rate["none"]), dict(method="ngram", tok_s=rate["ngram"])]
+    rows[1].update(mean_acceptance_length=st.mean_acceptance_length, accepted_per_position=st.accepted_per_position)
+    return dict(rows=rows, speedup=rate["ngram"] / rate["none"], identical=same, prompts=len(tokens["none"]))
+
+
+# %% ../../benchmarks_nb/01a_suites.ipynb #20b0f882
+class SpecDecode(Suite):
+    name, results, gpu = "spec", "spec_decode", False
+    measures = "n-gram speculative decoding against none: bundled SmolLM2, fp32, CPU, batch 1, input-grounded prompts"
+
+    def add_args(self, p) -> None:
+        super().add_args(p)
+        p.add_argument("--rounds", type=int, default=2)
+        p.add_argument("--max-tokens", type=int, default=128)
+        p.add_argument("--num-speculative-tokens", type=int, default=4)
+        p.add_argument("--model-dir", default=None, help="default: the bundled SmolLM2")
+
+    def run(self, a, quick: bool) -> dict:
+        from litellama.entrypoints.llm import LLM
+
+        path, dtype = (bench_model(True)[0], "float32") if quick else (a.model_dir, "float32")
+        spec = dict(method="ngram", num_speculative_tokens=a.num_speculative_tokens, prompt_lookup_min=2)
+        engines = {
+            "none": LLM(path, dtype=dtype, device="cpu"),
+            "ngram": LLM(path, dtype=dtype, device="cpu", speculative_config=spec),
+        }
+        prompts = [_chat_ids(engines["none"].engine, p) for p in grounded_prompts(1 if quick else 2)]
+        gen, rounds = (16, 1) if quick else (a.max_tokens, a.rounds)
+        for llm in engines.values():
+            _greedy_alone(llm.engine, prompts[:1], gen)  # warm-up at the timed shapes
+        runs, tokens = [], {}
+        for r in range(rounds):
+            for name in ("none", "ngram") if r % 2 == 0 else ("ngram", "none"):
+                t0 = time.perf_counter()
+                tokens[name] = _greedy_alone(engines[name].engine, prompts, gen)
+                runs.append(
+                    dict(round=r, method=name, seconds=time.perf_counter() - t0, tokens=sum(map(len, tokens[name])))
+                )
+        return dict(
+            model=Path(engines["none"].engine.model_dir).name,
+            dtype=dtype,
+            **_spec_rows(runs, tokens, engines["ngram"].engine),
+            runs=runs,
+        )
+
+
+register(SpecDecode())
 
 
 # %% ../../benchmarks_nb/01a_suites.ipynb #99501999
