@@ -101,26 +101,47 @@ def test_mixed_batch_over_http_equals_merged_hf(lora_server):
     assert _metric(url, "litellama_num_preemptions") > preempted
 
 
-def test_load_and_unload_while_requests_run(lora_server):
-    url, base, reqs = lora_server
+LONG = 400  # tokens of the request that runs while adapters change: enough to outlast both changes
+
+
+@pytest.fixture(scope="module")
+def roomy_lora_server(tmp_path_factory):
+    "The same model and adapters with a cache that holds a long request: it runs while adapters come and go."
+    tmp = tmp_path_factory.mktemp("lora-server-roomy")
+    base = make_random_checkpoint("tiny-qwen3", tmp / "base", dtype=torch.float32)
+    reqs = write_adapters(base, tmp)
+    log = open(tmp / "server.log", "w")
+    proc, url = start_server(
+        base, BASE, log, num_kv_blocks=128, enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4,
+        lora_modules={"qv": str(reqs["qv"].path), "mlp_rs": str(reqs["mlp_rs"].path)},
+    )  # fmt: skip
+    yield url, base, reqs
+    stop_server(proc)
+    log.close()
+
+
+def test_load_and_unload_while_requests_run(roomy_lora_server):
+    url, base, reqs = roomy_lora_server
     long_prompt = torch.randint(0, 200, (9,), generator=torch.Generator().manual_seed(5)).tolist()
     post = lambda path, body: httpx.post(url + path, json=body, headers=AUTH, timeout=60)
 
     async def main():
         c = _client(url)
-        running = asyncio.create_task(_complete(c, "mlp_rs", long_prompt, 40))  # runs through both changes
+        running = asyncio.create_task(_complete(c, "mlp_rs", long_prompt, LONG))  # runs through both changes
         await asyncio.sleep(0.5)
         r = await asyncio.to_thread(post, "/v1/load_lora_adapter", {"lora_name": "ko", "lora_path": str(reqs["ko"].path)})
         assert r.status_code == 200, r.text
-        ko = await _complete(c, "ko", long_prompt)
+        assert not running.done()  # the long request is still generating through its adapter
         r = await asyncio.to_thread(post, "/v1/unload_lora_adapter", {"lora_name": "mlp_rs"})
         assert r.status_code == 200, r.text
+        assert not running.done()  # its adapter unloaded while it runs
+        ko = await _complete(c, "ko", long_prompt)
         with pytest.raises(openai.NotFoundError, match="The model `mlp_rs` does not exist"):
             await _complete(c, "mlp_rs", long_prompt)
         return await running, ko
 
     long_text, ko = asyncio.run(main())
-    assert long_text == _want(base, reqs, "mlp_rs", long_prompt, 40)
+    assert long_text == _want(base, reqs, "mlp_rs", long_prompt, LONG)
     assert ko == _want(base, reqs, "ko", long_prompt)
     ids = [m["id"] for m in httpx.get(url + "/v1/models", headers=AUTH, timeout=10).json()["data"]]
     assert ids == [BASE, "qv", "ko"]

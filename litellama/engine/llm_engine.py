@@ -366,6 +366,12 @@ def add_request(
 
 # %% ../../nbs/12_llm_engine.ipynb #2a8e197b
 @patch
+def live_lora_ids(self: ContinuousBatchingEngine) -> set:
+    "The adapter ids the running and waiting sequences use."
+    return {s.lora_id for s in itertools.chain(self.scheduler.running, self.scheduler.waiting) if s.lora_id}
+
+
+@patch
 def _check_lora(self: ContinuousBatchingEngine, lora_request: LoRARequest | None) -> None:
     "Refuse in one line an adapter this engine cannot serve; read and check it now, not in a step."
     if lora_request is None:
@@ -504,6 +510,8 @@ class InFlightStep:
 def step(self: ContinuousBatchingEngine) -> list:
     "Schedule and launch one step, then read back the previous one's tokens: detokenize, check stops, report."
     outputs, self._pending = self._pending, []
+    if self.lora is not None and self.lora.retired:
+        self.lora.sweep(self.live_lora_ids())
     if self.spec is not None:
         outputs += self._speculate() if self.scheduler.has_unfinished() else []
         self.spec.sweep(self.by_seq)  # a proposer's state of finished and aborted sequences goes now

@@ -98,6 +98,7 @@ class LoRAManager:
         self.requests: dict[int, LoRARequest] = {}  # every adapter asked for, by id
         self.cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()  # id -> adapter read from disk, LRU first
         self.slots: OrderedDict[int, int] = OrderedDict()  # id -> device slot, LRU first
+        self.retired: set = set()  # unloaded ids some sequence still runs through: forgotten once none does
 
 
 # %% ../../nbs/35a_lora_engine.ipynb #c5426477
@@ -139,6 +140,26 @@ def remove(self: LoRAManager, lora_id: int) -> None:
         self.batch.scale[s] = 0
         for m in self.layers.values():
             m.method.rank[s] = 0  # type: ignore[union-attr]
+
+
+# %% ../../nbs/35a_lora_engine.ipynb #742079ce
+@patch
+def retire(self: LoRAManager, lora_id: int, live: set) -> bool:
+    """Forget adapter `lora_id` now if no sequence runs through it (`live`: the adapter ids sequences use), else once
+    none does (`sweep`); whether it went now."""
+    if lora_id in live:
+        self.retired.add(lora_id)
+        return False
+    self.remove(lora_id)
+    return True
+
+
+@patch
+def sweep(self: LoRAManager, live: set) -> None:
+    "Forget the retired adapters no sequence in `live` runs through any more."
+    for i in [i for i in self.retired if i not in live]:
+        self.retired.discard(i)
+        self.remove(i)
 
 
 # %% ../../nbs/35a_lora_engine.ipynb #5bda4e79

@@ -31,6 +31,7 @@ from litellama.entrypoints.openai.lora import (
     UnloadLoRAAdapter,
     load_adapter,
     model_cards,
+    new_adapter,
     parse_lora_modules,
     resolve_model,
     unload_adapter,
@@ -49,7 +50,6 @@ from litellama.entrypoints.openai.protocol import (
 )
 
 from ...engine.pooling import POOLING_TYPES
-from ...models.lora import LoRARequest
 from .chat import chat_completions
 from .chat_utils import chat_prompt, prompt_ids
 from .completions import completions
@@ -525,12 +525,14 @@ def serve(
     name = served_model_name or (engine.engine.model_dir.name if engine.engine.model_dir else "litellama")
     app = build_app(engine, name, api_key=api_key, limits=limits, reasoning_parser=reasoning_parser, pooling=pooling)
     app.state.litellama.allowed_local_media_path = allowed_local_media_path  # image files may come from here only
-    for i, (lora_name, path) in enumerate(loras.items(), 1):
-        if lora_name == name:
-            raise ValueError(f"--lora-modules: adapter '{lora_name}' has the base model's name")
-        r = LoRARequest(lora_name, i + 1_000_000, path)  # ids apart from those loaded later
+    st = app.state.litellama
+    for lora_name, path in loras.items():
+        try:
+            r = new_adapter(st, lora_name, path)
+        except ValueError as e:
+            raise ValueError(f"--lora-modules: {e}") from None
         engine.engine.lora.add(r)  # read and checked before the server answers
-        app.state.litellama.loras[lora_name] = r
+        st.loras[lora_name] = r
     _quiet_loop()
     _run_uvicorn(uvicorn, app, host, port)
     return 0

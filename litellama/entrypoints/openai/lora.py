@@ -11,12 +11,12 @@ __all__ = [
     "model_cards",
     "LoadLoRAAdapter",
     "UnloadLoRAAdapter",
+    "new_adapter",
     "load_adapter",
     "unload_adapter",
 ]
 
 # %% ../../../nbs/15k_openai_lora.ipynb #4c9e7777
-import itertools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -77,7 +77,12 @@ class UnloadLoRAAdapter(BaseModel):
 
 
 # %% ../../../nbs/15k_openai_lora.ipynb #77fd9f5c
-_ids = itertools.count(1)
+def new_adapter(st: AppState, name: str, path: str) -> LoRARequest:
+    """The request of an adapter to serve as model `name`: the name checked against those served, an id from the
+    server's own counter (no two adapters ever share one, nor their prefix-cache blocks). At start-up and on load."""
+    if name == st.model_name or name in st.loras:
+        raise ValueError(f"the model `{name}` is already served")
+    return LoRARequest(name, next(st.lora_ids), path)
 
 
 def _check_enabled(st: AppState) -> Any:
@@ -92,9 +97,10 @@ def _check_enabled(st: AppState) -> Any:
 async def load_adapter(st: AppState, name: str, path: str) -> str:
     "Serve the adapter at `path` as model `name`, once read and checked on the engine thread."
     mgr = _check_enabled(st)
-    if name == st.model_name or name in st.loras:
-        raise APIError(f"the model `{name}` is already served", 400, param="lora_name")
-    req = LoRARequest(name, next(_ids), path)
+    try:
+        req = new_adapter(st, name, path)
+    except ValueError as e:
+        raise APIError(str(e), 400, param="lora_name") from None
     try:
         await st.engine.call(lambda: mgr.add(req))
     except AdapterError as e:
@@ -104,9 +110,11 @@ async def load_adapter(st: AppState, name: str, path: str) -> str:
 
 
 async def unload_adapter(st: AppState, name: str) -> str:
-    "Stop serving the adapter `name` to new requests."
-    _check_enabled(st)
+    "Stop serving the adapter `name` to new requests; the engine forgets it once no sequence runs through it."
+    mgr = _check_enabled(st)
     if name not in st.loras:
         raise APIError(f"no LoRA adapter named `{name}` is loaded", 404, "not_found_error", "lora_name")
-    del st.loras[name]
+    req = st.loras.pop(name)
+    eng = st.engine.engine
+    await st.engine.call(lambda: mgr.retire(req.id, eng.live_lora_ids()))
     return f"Success: LoRA adapter '{name}' removed successfully."

@@ -9,10 +9,11 @@ __all__ = ["request_lora", "structured_outputs", "sampling_params", "check_token
 
 # %% ../../../nbs/15e_openai_serving.ipynb #857f26a8
 import asyncio
+import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -159,6 +160,7 @@ class AppState:
     reasoning_parser: type[ReasoningParser] | None = None  # splits chat replies into reasoning and answer
     pooling: str | None = None  # embeddings: the pooling named at startup (None: the checkpoint's own)
     loras: dict = field(default_factory=dict)  # adapter name -> its LoRARequest, served beside the base model
+    lora_ids: Iterator = field(default_factory=lambda: itertools.count(1))  # never an id an adapter had before
 
 
 # %% ../../../nbs/15e_openai_serving.ipynb #e6b14281
