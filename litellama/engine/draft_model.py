@@ -70,7 +70,8 @@ class DraftModelProposer(Proposer):
         if seq is None:
             seq = self.seqs[seq_id] = Sequence(seq_id, list(token_ids), len(token_ids))
             return seq
-        keep = _common_prefix(seq.token_ids[: seq.num_computed_tokens], list(token_ids))
+        # the last token is computed again even when the cache holds it: its logits give the first draft
+        keep = min(_common_prefix(seq.token_ids[: seq.num_computed_tokens], list(token_ids)), len(token_ids) - 1)
         seq.token_ids, seq.num_computed_tokens = list(token_ids), keep
         release_tail_blocks(self.bm, seq)
         return seq
