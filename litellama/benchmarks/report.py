@@ -131,12 +131,11 @@ def _cpu_rows(rec: dict | None) -> list:
 
 def _spec_row(rec: dict | None) -> tuple:
     "Speculative decoding on the CPU: n-gram lookup's tok/s against none, in the same run, with identical outputs."
-    what = "CPU, fp32, batch 1, n-gram speculation on copy-heavy prompts, tok/s"
+    what = "CPU, float32, batch 1, n-gram speculation, tok/s"
     if rec is None:
         return (what, AWAIT_CPU, "no speculation", "`litellama bench spec`")
     none, ngram = (next(r for r in rec["rows"] if r["method"] == m) for m in ("none", "ngram"))
-    same = f"{rec['identical']}/{rec['prompts']} outputs identical"
-    peer = f"no speculation {fmt(none['tok_s'])} ({fmt(rec['speedup'], '×')}; {same})"
+    peer = f"none {fmt(none['tok_s'])} ({fmt(rec['speedup'], '×')}, {rec['identical']}/{rec['prompts']} same)"
     return (what, fmt(ngram["tok_s"]), peer, _link("spec_decode.json"))
 
 
