@@ -60,9 +60,11 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
 
 # %% ../../kernels_nb/00_reference.ipynb #b124bf6e
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    "`x @ weight.T + bias`; on a CPU, a few rows are computed as `(weight @ x.T).T`, which MKL runs faster."
+    """`x @ weight.T + bias`; on a CPU, a few rows are computed as `(weight @ x.T).T`, which MKL runs faster, and one
+    float32 row as two: MKL's matrix-vector product reads the weight slower than its matrix product does."""
     if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= 32:
-        y = torch.mm(weight, x.t()).t().contiguous()
+        rows = torch.cat([x, x]) if x.shape[0] == 1 and x.dtype == torch.float32 else x
+        y = torch.mm(weight, rows.t())[:, : x.shape[0]].t().contiguous()
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
 
