@@ -27,21 +27,26 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 BASE = "tiny"
 
 
-@pytest.fixture(scope="module")
-def lora_server(tmp_path_factory):
-    "A server of tiny Qwen3 with two adapters at start, a small pool (preemption) and 12-token steps (chunked prefill)."
-    tmp = tmp_path_factory.mktemp("lora-server")
+def _serve(tmp_path_factory, name, **opts):
+    "Serve tiny Qwen3 with the adapters `qv` and `mlp_rs` given at start and engine `opts`; yield (url, base, reqs)."
+    tmp = tmp_path_factory.mktemp(name)
     base = make_random_checkpoint("tiny-qwen3", tmp / "base", dtype=torch.float32)
     reqs = write_adapters(base, tmp)
     log = open(tmp / "server.log", "w")
+    modules = {"qv": str(reqs["qv"].path), "mlp_rs": str(reqs["mlp_rs"].path)}
     proc, url = start_server(
-        base, BASE, log, num_kv_blocks=14, enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=3,
-        block_size=4, max_num_batched_tokens=12, max_num_seqs=8,
-        lora_modules={"qv": str(reqs["qv"].path), "mlp_rs": str(reqs["mlp_rs"].path)},
-    )  # fmt: skip
+        base, BASE, log, enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, lora_modules=modules, **opts
+    )
     yield url, base, reqs
     stop_server(proc)
     log.close()
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory):
+    "A small pool (preemption), 12-token steps (chunked prefill), three adapters in the CPU cache."
+    yield from _serve(tmp_path_factory, "lora-server", num_kv_blocks=14, max_cpu_loras=3, max_num_batched_tokens=12,
+                      max_num_seqs=8)  # fmt: skip
 
 
 def _metric(url, name):
@@ -106,18 +111,8 @@ LONG = 400  # tokens of the request that runs while adapters change: enough to o
 
 @pytest.fixture(scope="module")
 def roomy_lora_server(tmp_path_factory):
-    "The same model and adapters with a cache that holds a long request: it runs while adapters come and go."
-    tmp = tmp_path_factory.mktemp("lora-server-roomy")
-    base = make_random_checkpoint("tiny-qwen3", tmp / "base", dtype=torch.float32)
-    reqs = write_adapters(base, tmp)
-    log = open(tmp / "server.log", "w")
-    proc, url = start_server(
-        base, BASE, log, num_kv_blocks=128, enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4,
-        lora_modules={"qv": str(reqs["qv"].path), "mlp_rs": str(reqs["mlp_rs"].path)},
-    )  # fmt: skip
-    yield url, base, reqs
-    stop_server(proc)
-    log.close()
+    "A cache that holds a long request: it runs while adapters come and go."
+    yield from _serve(tmp_path_factory, "lora-server-roomy", num_kv_blocks=128)
 
 
 def test_load_and_unload_while_requests_run(roomy_lora_server):

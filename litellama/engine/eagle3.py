@@ -12,10 +12,9 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..executor.proposer import Proposer
-from ..models.eagle3 import Eagle3Head, aux_layer_ids, draft_rows, load_eagle3_head
+from ..models.eagle3 import Eagle3Head, aux_layer_ids, draft_rows, hook_layer_inputs, load_eagle3_head
 from ..models.model_dir import resolve_model_dir
 
 
@@ -27,22 +26,13 @@ class Eagle3Proposer(Proposer):
         self.head, self.layer_ids = head, tuple(layer_ids)
         self._hidden: dict = {}  # seq_id -> [n, H] fused hidden states of positions 0 .. n-1
         self._caught: dict = {}  # layer -> the hidden states entering it in the target's last forward
-        self._hooks = []  # without a target, `observe` feeds it by hand
-        if target is not None:
-            layers = target.model.layers
-            self._hooks = [layers[i].register_forward_pre_hook(self._catch(i)) for i in sorted(set(self.layer_ids))]
-
-    def _catch(self, i: int):
-        def pre_hook(module: nn.Module, args: tuple) -> None:
-            x, residual = args[1], args[2]
-            self._caught[i] = x.clone() if residual is None else x + residual
-
-        return pre_hook
+        # without a target, `observe` feeds it by hand
+        self._hooks = [] if target is None else hook_layer_inputs(target, self.layer_ids, self._caught)
 
     def after_forward(self, scheduled: Sequence[tuple[int, int, int]]) -> None:
         "Take the rows of the target's last forward, `(seq_id, first position, tokens)` per sequence in row order."
         aux = torch.cat([self._caught[i] for i in self.layer_ids], dim=-1)
-        self._caught = {}
+        self._caught.clear()  # the hooks keep filling this same dict
         at = 0
         for sid, start, n in scheduled:
             have = self._hidden.get(sid)

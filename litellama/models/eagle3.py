@@ -14,6 +14,7 @@ __all__ = [
     "Eagle3Layer",
     "Eagle3Head",
     "load_eagle3_head",
+    "hook_layer_inputs",
     "capture_aux_hidden",
     "draft_rows",
 ]
@@ -319,19 +320,24 @@ def load_eagle3_head(
 
 
 # %% ../../nbs/32a_eagle3.ipynb #dfe058da
-@torch.no_grad()
-def capture_aux_hidden(model: Any, mi: ModelInput, layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    "Run `model` on `mi`: `(logits, aux [T, len(layer_ids) * H])`, the hidden states entering the layers `layer_ids`."
-    layers, got = model.model.layers, {}
+def hook_layer_inputs(model: Any, layer_ids: Sequence[int], store: dict) -> list:
+    "Forward pre-hooks that put the hidden state entering each of `layer_ids` into `store[i]` on every forward."
 
     def catch(i: int):
         def pre_hook(module: nn.Module, args: tuple) -> None:
             x, residual = args[1], args[2]
-            got[i] = x.clone() if residual is None else x + residual
+            store[i] = x.clone() if residual is None else x + residual
 
         return pre_hook
 
-    handles = [layers[i].register_forward_pre_hook(catch(i)) for i in sorted(set(layer_ids))]
+    return [model.model.layers[i].register_forward_pre_hook(catch(i)) for i in sorted(set(layer_ids))]
+
+
+@torch.no_grad()
+def capture_aux_hidden(model: Any, mi: ModelInput, layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    "Run `model` on `mi`: `(logits, aux [T, len(layer_ids) * H])`, the hidden states entering the layers `layer_ids`."
+    got: dict = {}
+    handles = hook_layer_inputs(model, layer_ids, got)
     try:
         logits = model(mi)
     finally:
