@@ -538,7 +538,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     ss = bn.add_subparsers(dest="suite")
     for name in suites.suite_names():
         s = suites.SUITES[name]
-        sp = ss.add_parser(name, help=s.measures)
+        sp = ss.add_parser(name, help=s.measures.replace("%", "%%"))  # argparse %-formats help
         sp.add_argument("--quick", action="store_true", help="a tiny model on the CPU: checks the suite, not the speed")
         sp.add_argument("--out", default=None, help="folder of the results file (default ./litellama-bench-results)")
         s.add_args(sp)

@@ -27,6 +27,8 @@ __all__ = [
 import torch
 import torch.nn.functional as F
 
+from .cpu_linear import MAX_TUNED_ROWS, cpu_linear
+
 
 # %% ../../kernels_nb/00_reference.ipynb #0ba89374
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -60,12 +62,9 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
 
 # %% ../../kernels_nb/00_reference.ipynb #b124bf6e
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias`; on a CPU, a few rows are computed as `(weight @ x.T).T`, which MKL runs faster, and one
-    float32 row as two: MKL's matrix-vector product reads the weight slower than its matrix product does."""
-    if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= 32:
-        rows = torch.cat([x, x]) if x.shape[0] == 1 and x.dtype == torch.float32 else x
-        y = torch.mm(weight, rows.t())[:, : x.shape[0]].t().contiguous()
-        return y if bias is None else y + bias
+    """`x @ weight.T + bias`; on a CPU, a few rows go in the order this CPU computes fastest (`cpu_linear`)."""
+    if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= MAX_TUNED_ROWS:
+        return cpu_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
