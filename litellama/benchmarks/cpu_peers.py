@@ -110,7 +110,9 @@ llm = LLM(job["model"], dtype=job["dtype"], device="cpu", max_num_seqs=max(64, m
 def generate(prompts, gen):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True), use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
-print(MARK + json.dumps(dict(engine="litellama", version=litellama.__version__, runs=protocol(generate, job))))
+from litellama.kernels.cpu_linear import TABLE
+out = dict(engine="litellama", version=litellama.__version__, runs=protocol(generate, job))
+print(MARK + json.dumps(dict(out, product_orders=TABLE.summary())))  # the orders this CPU picked
 """
 )
 

@@ -773,6 +773,7 @@ class CpuPeers(Suite):
             model=Path(model).name,
             threads=a.threads,
             engine_versions={r["engine"]: r.get("version", UNKNOWN) for r in results},
+            product_orders={r["dtype"]: r["product_orders"] for r in results if "product_orders" in r},
             rows=peers.summarize(results, eos),
             errors=errors,
             runs=[dict(engine=r["engine"], dtype=r["dtype"], **run) for r in results for run in r.get("runs", [])],
