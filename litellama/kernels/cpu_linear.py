@@ -122,8 +122,8 @@ class OrderTable:
 
     def summary(self) -> dict:
         "The picks as `{'out x in dtype rows<=b': order}`, for a results file."
-        return {f"{n}x{k} {str(dt).removeprefix('torch.')} rows<={b}": o for (n, k, dt, b), o in sorted(
-            self.picks.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]), kv[0][3]))}
+        rows = sorted(self.picks.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]), kv[0][3]))
+        return {f"{n}x{k} {str(dt).removeprefix('torch.')} rows<={b}": o for (n, k, dt, b), o in rows}
 
 
 # %% ../../kernels_nb/00a_cpu_linear.ipynb #57d7a6f1
