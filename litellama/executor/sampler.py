@@ -13,6 +13,7 @@ __all__ = [
     "filter_probs",
     "adjust_logits",
     "SamplerOutput",
+    "greedy",
     "sample_on_device",
     "logprobs_to_host",
     "sample",
@@ -191,6 +192,13 @@ class SamplerOutput:
     logprobs: list | None = None  # per row: {token_id: logprob} of the chosen token and the top-N
 
 
+# %% ../../nbs/07_sampler.ipynb #02ea41e1
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The index of each row's largest logit, the first one on ties, as `argmax`. On a CPU through `max`, whose kernel
+    PyTorch vectorises (at batch 64 over SmolLM2's 49k vocabulary in bfloat16, 1.1 ms against argmax's 5.5 ms)."""
+    return logits.max(-1).indices if logits.device.type == "cpu" else logits.argmax(-1)
+
+
 # %% ../../nbs/07_sampler.ipynb #13e8da3d
 def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
     """Pick one token per row of `logits` `[S, V]` (any float dtype) under each row's parameters: `(ids, logprobs)`,
@@ -200,7 +208,7 @@ def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
     raw = logits
     logits = adjust_logits(logits, st)
     if st.all_greedy:
-        ids = logits.argmax(-1)
+        ids = greedy(logits)
     else:
         assert st.temperature is not None and st.seeds is not None and st.steps is not None  # set unless all greedy
         ids = ops.gumbel_argmax(logits, st.temperature, st.seeds, st.steps)  # rows without filters: one pass, no sort
@@ -208,7 +216,7 @@ def sample_on_device(logits: torch.Tensor, st: SamplingTensors) -> tuple:
             race = filter_probs(logits, st) / -uniform_noise(st.seeds, st.steps, logits.shape[-1]).log()
             ids = torch.where(st.filtered, race.argmax(-1), ids)
         if st.any_greedy:
-            ids = torch.where(st.temperature == 0, logits.argmax(-1), ids)
+            ids = torch.where(st.temperature == 0, greedy(logits), ids)
     if st.num_logprobs < 0:
         return ids, None
     lp = raw.log_softmax(-1)
