@@ -14,6 +14,7 @@ from typing import Any
 from ..config import CacheConfig
 from ..executor.model_runner import ModelRunner
 from ..executor.proposer import Proposer
+from ..executor.sampler import greedy
 from ..executor.step_plan import SchedulerOutput
 from ..models.loader import load_model
 from ..models.model_dir import resolve_model_dir
@@ -98,7 +99,7 @@ class DraftModelProposer(Proposer):
             ends = [s for s, n in plan.scheduled if s.num_computed_tokens + n == s.num_tokens]
             for seq, n in plan.scheduled:
                 seq.num_computed_tokens += n
-            out += zip(ends, logits.argmax(-1).tolist(), strict=True)
+            out += zip(ends, greedy(logits).tolist(), strict=True)
             todo = [s for s in todo if s.num_computed_tokens < s.num_tokens]
         return out
 

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .sampler import SamplingTensors, adjust_logits, filter_probs, logprobs_to_host
+from .sampler import SamplingTensors, adjust_logits, filter_probs, greedy, logprobs_to_host
 
 
 # %% ../../nbs/31_spec_sampler.ipynb #08770838
@@ -164,11 +164,11 @@ def verify_drafts(logits: torch.Tensor, st: SamplingTensors, drafts: list) -> tu
     starts = [sum(counts[:j]) for j in range(len(drafts))]
     raw = logits.float()
     adjusted = adjust_logits(raw, st)
-    best = adjusted.argmax(-1).tolist()
-    greedy = [True] * len(raw) if st.all_greedy else (st.temperature == 0).tolist()  # type: ignore[union-attr]
+    best = greedy(adjusted).tolist()
+    greedy_rows = [True] * len(raw) if st.all_greedy else (st.temperature == 0).tolist()  # type: ignore[union-attr]
     out: list = [None] * len(drafts)
     for j, (d, s) in enumerate(zip(drafts, starts, strict=True)):
-        if greedy[s]:
+        if greedy_rows[s]:
             a = next((i for i, t in enumerate(d) if t != best[s + i]), len(d))
             out[j] = list(d[:a]) + [best[s + a]]
     sampled = [j for j in range(len(drafts)) if out[j] is None]

@@ -14,7 +14,6 @@ __all__ = [
     "w_xt",
     "mv",
     "two_columns",
-    "row_bucket",
     "candidates",
     "best_of",
     "OrderTable",
@@ -28,6 +27,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from .tuned import shape_bucket
 
 
 # %% ../../kernels_nb/00a_cpu_linear.ipynb #1a1d9d25
@@ -63,11 +64,6 @@ DEFAULT = "x_wt"
 MAX_TUNED_ROWS = 32  # beyond, the product is a real matrix product and `F.linear` is the one to use
 
 
-def row_bucket(rows: int) -> int:
-    "`rows` rounded up to a power of two: the products of one bucket share their order."
-    return 1 << max(rows - 1, 0).bit_length()
-
-
 def candidates(rows: int) -> tuple:
     "The orders timed for `rows` rows: all four for one row, `x_wt` and `w_xt` up to 32 rows, `x_wt` alone beyond."
     if rows == 1:
@@ -100,13 +96,15 @@ class OrderTable:
         rows = x.shape[0]
         if self.forced is not None and self.forced in candidates(rows):
             return self.forced
-        key = (w.shape[0], w.shape[1], w.dtype, row_bucket(rows))
+        key = (w.shape[0], w.shape[1], w.dtype, shape_bucket(rows))  # the products of one bucket share their order
         got = self.picks.get(key)
         if got is None:
-            names = candidates(rows)
-            times = {n: self.timer(ORDERS[n], x, w, self.reps) for n in names} if len(names) > 1 else {DEFAULT: 0.0}
-            best = min(times, key=times.__getitem__)
-            got = self.picks[key] = best if times[best] < self.margin * times[DEFAULT] else DEFAULT
+            got = DEFAULT
+            if len(candidates(rows)) > 1:
+                times = {n: self.timer(ORDERS[n], x, w, self.reps) for n in candidates(rows)}
+                best = min(times, key=times.__getitem__)
+                got = best if times[best] < self.margin * times[DEFAULT] else DEFAULT
+            self.picks[key] = got
         return got
 
     @contextlib.contextmanager
