@@ -87,6 +87,7 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0
     enforce_eager: bool = False
+    cpu_compile: bool = False  # a CPU's decode steps through torch.compile (nbs/11b_cpu)
 
     def __post_init__(self):
         _check_dtype(self.dtype)
@@ -222,6 +223,7 @@ CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the fi
     "quantization": ("--quantization", "quantize a 16-bit checkpoint as it loads (a quantized checkpoint needs none)"),
     "max_model_len": ("--max-model-len", "longest prompt + output (default: the model's)"),
     "enforce_eager": ("--enforce-eager", "no CUDA graphs: every step runs eagerly"),
+    "cpu_compile": ("--cpu-compile", "a CPU's decode steps through torch.compile: faster, after a first compile"),
     "block_size": ("--block-size", "tokens per KV cache block, a power of two (default 16)"),
     "num_kv_blocks": ("--num-kv-blocks", "KV cache blocks (default: from --kv-cache-memory or the free GPU memory)"),
     "kv_cache_memory": ("--kv-cache-memory", "KV cache bytes (default: a share of the free GPU memory)"),
@@ -266,6 +268,7 @@ _TYPES["speculative_config"] = json_object
 # %% ../nbs/00_config.ipynb #c36d3505
 _SWITCHES = {
     "enforce_eager": True,
+    "cpu_compile": True,
     "enable_prefix_caching": False,
     "async_scheduling": False,
 }  # the value a switch sets

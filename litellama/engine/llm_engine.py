@@ -147,6 +147,7 @@ class ContinuousBatchingEngine:
         gpu_memory_utilization: float = 0.9,
         seed: int = 0,
         enforce_eager: bool = False,
+        cpu_compile: bool = False,
         async_scheduling: bool | None = None,
         kv_cache_dtype: str = "auto",
         executor: Executor | None = None,
@@ -198,6 +199,21 @@ def _init_executor(self: ContinuousBatchingEngine, executor: Executor | None = N
         log.warning(f"this engine refuses image inputs: {self.no_images}")
     if self.device.type == "cuda" and not self.model_config.enforce_eager:
         ex.capture_cuda_graphs(sc.max_num_seqs, self.max_model_len)
+    if self.model_config.cpu_compile:
+        self._compile_decode(ex)
+
+
+# %% ../../nbs/12_llm_engine.ipynb #6cd2a5e0
+@patch
+def _compile_decode(self: ContinuousBatchingEngine, ex: Executor) -> None:
+    "`cpu_compile`: the runner's decode steps through `torch.compile` (`11b_cpu.ipynb`), where that path can run."
+    if self.device.type != "cpu":
+        raise ValueError(f"cpu_compile compiles a CPU's decode steps; this engine runs on {self.device}")
+    if not isinstance(ex, InProcessExecutor):
+        raise ValueError(f"cpu_compile needs tensor_parallel_size=1; this engine runs on {type(ex).__name__}")
+    if self.lora is not None:
+        raise ValueError("cpu_compile does not take enable_lora=True: adapters change the rows outside the graph")
+    ex.runner.compile_decode()
 
 
 # %% ../../nbs/12_llm_engine.ipynb #487d264e

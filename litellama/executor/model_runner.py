@@ -22,6 +22,7 @@ from ..layers.cpu_attention import cpu_attention_applies, token_major_kv
 from ..layers.linear import head_dim
 from ..multimodal.processing import image_embeds, mrope_step_positions
 from ..utils import patch
+from .cpu import CompiledDecode
 from .model_input import build_model_input, fill_placeholders
 from .model_input import graph_size as _graph_size
 from .step_plan import SchedulerOutput
@@ -110,6 +111,7 @@ class ModelRunner:
         self._tables: dict = {}  # seq_id -> (its block_table list, that list as an array)
         self.graphs: dict = {}  # CUDA graphs by batch size, once captured
         self.graph_sizes: list = []
+        self.compiled: Any = None  # a CompiledDecode (nbs/11b_cpu) with cpu_compile
         self.lora: Any = None  # a LoRAManager (engine.lora) when the engine serves adapters
         self.num_blocks = self._num_blocks(max_num_batched_tokens)
         self.kv_cache = self._new_cache(self.num_blocks)
@@ -254,6 +256,8 @@ def execute(self: ModelRunner, plan: SchedulerOutput, prev_token_ids: torch.Tens
                 mi.positions = mrope_step_positions(plan.scheduled, self.device)
         if mi.attn.num_prefills == 0 and mi.inputs_embeds is None and self.graph_size(len(mi.input_ids)) is not None:
             return self._replay(mi)
+        if self.compiled is not None and self.compiled.applies(mi):
+            return self.compiled(mi)
         return self.model(mi)
 
 
@@ -341,3 +345,10 @@ def _replay(self: ModelRunner, mi: ModelInput) -> torch.Tensor:
     g, out = self.graphs[bs]
     g.replay()
     return out[:n]
+
+
+# %% ../../nbs/11_model_runner.ipynb #48dd2840
+@patch
+def compile_decode(self: ModelRunner) -> None:
+    "Run this runner's pure decode steps through `torch.compile` (a CPU's counterpart of CUDA graphs)."
+    self.compiled = CompiledDecode(self.model, self.block_size, self.dtype)

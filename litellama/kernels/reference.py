@@ -62,8 +62,10 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
 
 # %% ../../kernels_nb/00_reference.ipynb #b124bf6e
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias`; on a CPU, a few rows go in the order this CPU computes fastest (`cpu_linear`)."""
-    if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= MAX_TUNED_ROWS:
+    """`x @ weight.T + bias`; on a CPU, a few rows go in the order this CPU computes fastest (`cpu_linear`), unless
+    `torch.compile` traces the product (its compiler picks)."""
+    tuned = x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= MAX_TUNED_ROWS
+    if tuned and not torch.compiler.is_compiling():
         return cpu_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 

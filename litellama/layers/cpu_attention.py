@@ -13,6 +13,7 @@ __all__ = [
     "decode_attention",
     "cpu_rope_and_store_kv",
     "rope_and_store_kv",
+    "prime_step_tables",
 ]
 
 # %% ../../nbs/03a_cpu_attention.ipynb #cbb6ee98
@@ -180,3 +181,15 @@ def rope_and_store_kv(
         return cpu_rope_and_store_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, memo)
     norms = () if q_weight is None else (q_weight, k_weight, eps)
     return ops.rope_and_store_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, *norms)
+
+
+# %% ../../nbs/03a_cpu_attention.ipynb #c7dc12bb
+def prime_step_tables(attn: Any, block_size: int, dtype: torch.dtype) -> None:
+    "Make a decode step's block and store tables in `attn.per_step`, as its first layer would (`dtype`: the queries')."
+    per_step(
+        attn.per_step,
+        "decode",
+        (attn.seq_lens, attn.block_tables),
+        lambda: _decode_tables(attn.seq_lens, attn.block_tables, block_size, dtype),
+    )
+    per_step(attn.per_step, "slots", (attn.slot_mapping,), lambda: _store_slots(attn.slot_mapping, block_size))
