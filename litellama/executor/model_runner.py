@@ -111,7 +111,7 @@ class ModelRunner:
         self._tables: dict = {}  # seq_id -> (its block_table list, that list as an array)
         self.graphs: dict = {}  # CUDA graphs by batch size, once captured
         self.graph_sizes: list = []
-        self.compiled: Any = None  # a CompiledDecode (nbs/11b_cpu) with cpu_compile
+        self.compiled: CompiledDecode | None = None  # decode steps through torch.compile (cpu_compile)
         self.lora: Any = None  # a LoRAManager (engine.lora) when the engine serves adapters
         self.num_blocks = self._num_blocks(max_num_batched_tokens)
         self.kv_cache = self._new_cache(self.num_blocks)
