@@ -764,8 +764,8 @@ class CpuPeers(Suite):
         results = []
         for dt in a.dtypes.split(","):
             for e in engines:
-                job = dict(model=model, dtype=dt, threads=a.threads, rows=rows, rounds=1 if quick else a.rounds)
-                job["compile"] = not a.eager
+                rounds = 1 if quick else a.rounds
+                job = dict(model=model, dtype=dt, threads=a.threads, rows=rows, rounds=rounds, compile=not a.eager)
                 py = vpy if e == "vllm" else sys.executable
                 env = {"PYTHONPATH": str(repo_root())} if e == "litellama" else {}
                 results.append(dict(dtype=dt, python=py, **peers.run_child(e, py, job, env)))

@@ -9,8 +9,10 @@ __all__ = [
     "token_major_kv",
     "cpu_attention_applies",
     "per_step",
+    "step_decode_tables",
     "cpu_decode_attention",
     "decode_attention",
+    "step_store_slots",
     "cpu_rope_and_store_kv",
     "rope_and_store_kv",
     "prime_step_tables",
@@ -69,6 +71,15 @@ def _decode_tables(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_siz
     return block_tables[:, :nb].reshape(-1), mask[:, None, None]
 
 
+def step_decode_tables(
+    memo: dict | None, seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int, dtype: torch.dtype
+) -> tuple:
+    "`_decode_tables` of this step, made once for all its layers (`memo`: the step's `per_step`)."
+    return per_step(
+        memo, "decode", (seq_lens, block_tables), lambda: _decode_tables(seq_lens, block_tables, block_size, dtype)
+    )
+
+
 def cpu_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -84,8 +95,7 @@ def cpu_decode_attention(
     if B == 0:
         return torch.empty_like(q)
     block_size, Hk = k_cache.shape[1], k_cache.shape[2]
-    make = lambda: _decode_tables(seq_lens, block_tables, block_size, q.dtype)
-    blocks, mask = per_step(memo, "decode", (seq_lens, block_tables), make)
+    blocks, mask = step_decode_tables(memo, seq_lens, block_tables, block_size, q.dtype)
     L = mask.shape[-1]
     k = k_cache.index_select(0, blocks).reshape(B, L, Hk, D).transpose(1, 2)  # [B, Hk, L, D]: a view, token-major
     v = v_cache.index_select(0, blocks).reshape(B, L, Hk, D).transpose(1, 2)
@@ -136,6 +146,11 @@ def _store_slots(slot_mapping: torch.Tensor, block_size: int) -> tuple:
     return slots // block_size, slots % block_size, keep
 
 
+def step_store_slots(memo: dict | None, slot_mapping: torch.Tensor, block_size: int) -> tuple:
+    "`_store_slots` of this step, made once for all its layers (`memo`: the step's `per_step`)."
+    return per_step(memo, "slots", (slot_mapping,), lambda: _store_slots(slot_mapping, block_size))
+
+
 def cpu_rope_and_store_kv(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -150,8 +165,7 @@ def cpu_rope_and_store_kv(
     "`reference.rope_and_store_kv` without norms: rotate `q` and `k`, store `k` and `v`; returns the rotated `q`."
     cos, sin = per_step(memo, "rope", (positions, cos_sin_cache), lambda: _rope_tables(positions, cos_sin_cache))
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-    slots = lambda: _store_slots(slot_mapping, k_cache.shape[1])
-    blocks, offsets, keep = per_step(memo, "slots", (slot_mapping,), slots)
+    blocks, offsets, keep = step_store_slots(memo, slot_mapping, k_cache.shape[1])
     for x, cache in ((k, k_cache), (v, v_cache)):
         cache[blocks, offsets] = (x if keep is None else x[keep]).to(cache.dtype)
     return q
@@ -186,10 +200,5 @@ def rope_and_store_kv(
 # %% ../../nbs/03a_cpu_attention.ipynb #c7dc12bb
 def prime_step_tables(attn: Any, block_size: int, dtype: torch.dtype) -> None:
     "Make a decode step's block and store tables in `attn.per_step`, as its first layer would (`dtype`: the queries')."
-    per_step(
-        attn.per_step,
-        "decode",
-        (attn.seq_lens, attn.block_tables),
-        lambda: _decode_tables(attn.seq_lens, attn.block_tables, block_size, dtype),
-    )
-    per_step(attn.per_step, "slots", (attn.slot_mapping,), lambda: _store_slots(attn.slot_mapping, block_size))
+    step_decode_tables(attn.per_step, attn.seq_lens, attn.block_tables, block_size, dtype)
+    step_store_slots(attn.per_step, attn.slot_mapping, block_size)
