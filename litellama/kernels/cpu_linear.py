@@ -94,6 +94,8 @@ class OrderTable:
     def pick(self, x: torch.Tensor, w: torch.Tensor) -> str:
         "The order for `x @ w.T`: the forced one, the one kept for its shape, or the winner of timing the candidates."
         rows = x.shape[0]
+        if rows == 0:  # an empty product shares bucket 1, whose pick may be a one-row order that cannot take it
+            return DEFAULT
         if self.forced is not None and self.forced in candidates(rows):
             return self.forced
         key = (w.shape[0], w.shape[1], w.dtype, shape_bucket(rows))  # the products of one bucket share their order
