@@ -12,8 +12,9 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from litellama.entrypoints.openai.chat_utils import (
@@ -72,7 +73,7 @@ def _forced_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
 
 # %% ../../../nbs/15g_openai_chat.ipynb #5247bbc5
 def _chat_message(
-    text: str, mode: str, name: str | None, parser: type[ToolParser] | None, reason: str | None
+    text: str, mode: str, name: str | None, parser: Callable[[], ToolParser] | None, reason: str | None
 ) -> tuple[dict, str | None]:
     "`(message, finish_reason)` of a whole reply, its tool calls taken out (forced, or by the parser under `auto`)."
     calls: list[dict] | None = None
@@ -126,7 +127,7 @@ class _ChatSettings:
     n: int
     mode: str  # none, auto, required or named
     fname: str | None  # the named function
-    parser: type[ToolParser] | None  # the model's call format (`auto`)
+    parser: Callable[[], ToolParser] | None  # a parser of the model's call format for the request's tools (`auto`)
     tokenizer: Any
     logprobs: bool
     nlp: int  # alternatives per token
@@ -228,7 +229,8 @@ async def start_chat(st: AppState, req: ChatRequest, endpoint: str = "chat_compl
     params = sampling_params(req, default_max_tokens=None, logprobs=nlp, limits=st.limits, tool_grammar=grammar)
     check_token_ids(params, eng.config.vocab_size)
     check_chars(sum(len(_content(m)) for m in req.messages), eng.max_model_len, st.token_chars, st.limits, "messages")
-    parser = tool_parser_for(eng.tokenizer)
+    fmt = tool_parser_for(eng.tokenizer)
+    parser = partial(fmt, req.tools) if fmt is not None else None
     offered = _offered_tools(req, mode, eng.tokenizer)
     ids = await asyncio.to_thread(
         lambda: chat_prompt_ids(st, eng, req.messages, offered, req.chat_template_kwargs)
@@ -262,7 +264,7 @@ async def chat_completions(st: AppState, req: ChatRequest) -> dict | AsyncIterat
 class _ToolStream:
     "One streamed choice's deltas under tools: content, and `tool_calls` deltas as calls complete."
 
-    def __init__(self, mode: str, name: str | None, parser: type[ToolParser] | None):
+    def __init__(self, mode: str, name: str | None, parser: Callable[[], ToolParser] | None):
         self.mode, self.name, self.calls, self.text = mode, name, 0, ""
         self.parser = parser() if mode == "auto" and parser is not None else None
 

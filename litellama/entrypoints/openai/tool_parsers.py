@@ -13,6 +13,8 @@ __all__ = [
     "tool_call_schema",
     "ToolParser",
     "register_tool_parser",
+    "load_tool_parsers",
+    "tool_parser",
     "tool_parser_for",
     "HermesToolParser",
     "parse_tool_calls",
@@ -21,6 +23,7 @@ __all__ = [
 # %% ../../../nbs/15b_openai_tool_parsers.ipynb #b15554bd
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from .protocol import APIError, ChatRequest, Tool
@@ -88,7 +91,10 @@ def tool_call_schema(
 class ToolParser(ABC):
     "Splits a streamed reply into content and tool calls: `feed(delta)` as text comes, then `finish()`."
 
-    name: ClassVar[str]  # its name in `TOOL_PARSERS`
+    name: ClassVar[str]  # its name in `TOOL_PARSERS` (and `--tool-call-parser`)
+
+    def __init__(self, tools: list[Tool] | None = None):
+        self.tools = list(tools or [])  # the request's tools: a format that writes arguments as text types them
 
     @classmethod
     @abstractmethod
@@ -114,10 +120,30 @@ def register_tool_parser(cls: type[ToolParser]) -> type[ToolParser]:
     return cls
 
 
+def load_tool_parsers() -> dict[str, type[ToolParser]]:
+    "Every parser: each other format lives in a module of this package named `<format>_tool_parser`."
+    import importlib
+    import pkgutil
+
+    from litellama.entrypoints import openai
+
+    for m in pkgutil.iter_modules(openai.__path__):
+        if m.name.endswith("_tool_parser"):
+            importlib.import_module(f"litellama.entrypoints.openai.{m.name}")
+    return TOOL_PARSERS
+
+
+def tool_parser(name: str) -> type[ToolParser]:
+    "The parser called `name` (`--tool-call-parser`)."
+    if name not in load_tool_parsers():
+        raise ValueError(f"unknown tool-call parser {name!r}: choose one of {', '.join(sorted(TOOL_PARSERS))}")
+    return TOOL_PARSERS[name]
+
+
 def tool_parser_for(tokenizer: Any) -> type[ToolParser] | None:
     "The parser whose format the tokenizer's chat template asks for (None: the model has no call format)."
     template = str(getattr(tokenizer, "chat_template", None) or "")
-    return next((p for p in TOOL_PARSERS.values() if p.recognizes(template)), None)
+    return next((p for p in load_tool_parsers().values() if p.recognizes(template)), None)
 
 
 # %% ../../../nbs/15b_openai_tool_parsers.ipynb #25b10005
@@ -137,12 +163,13 @@ class HermesToolParser(ToolParser):
 
     name = "hermes"
 
-    def __init__(self):
+    def __init__(self, tools: list[Tool] | None = None):
+        super().__init__(tools)
         self.buf, self.in_call = "", False
 
     @classmethod
     def recognizes(cls, chat_template: str) -> bool:
-        return TOOL_OPEN in chat_template
+        return TOOL_OPEN in chat_template and "<function=" not in chat_template  # not Qwen3-Coder's XML calls
 
     def _call(self, body: str) -> tuple[str, Any]:
         try:
@@ -191,8 +218,8 @@ class HermesToolParser(ToolParser):
 
 
 # %% ../../../nbs/15b_openai_tool_parsers.ipynb #52d19a3f
-def parse_tool_calls(text: str, parser: type[ToolParser] = HermesToolParser) -> tuple[str, list[dict]]:
-    "`(content, calls)` of a whole reply in `parser`'s format."
+def parse_tool_calls(text: str, parser: Callable[[], ToolParser] = HermesToolParser) -> tuple[str, list[dict]]:
+    "`(content, calls)` of a whole reply in `parser`'s format (a class, or `partial(cls, tools)` to type arguments)."
     p = parser()
     evs = p.feed(text) + p.finish()
     return "".join(v for k, v in evs if k == "content"), [v for k, v in evs if k == "call"]
