@@ -80,7 +80,9 @@ def _check_quantization(q):
 class ModelConfig:
     "The checkpoint and how it runs."
 
-    model: object = None  # a checkpoint directory; None: the bundled model
+    model: object = None  # a checkpoint directory or a hub id ("org/name"); None: the bundled model
+    revision: str | None = None  # a hub id's branch, tag or commit
+    download_dir: str | None = None  # the Hugging Face cache to read and download into (default: HF's own)
     dtype: object = "auto"
     device: object = "auto"
     quantization: object = None

@@ -161,6 +161,11 @@ class AppState:
     pooling: str | None = None  # embeddings: the pooling named at startup (None: the checkpoint's own)
     loras: dict = field(default_factory=dict)  # adapter name -> its LoRARequest, served beside the base model
     lora_ids: Iterator = field(default_factory=lambda: itertools.count(1))  # never an id an adapter had before
+    served_names: tuple[str, ...] = ()  # every name the model answers to (`--served-model-name a b`)
+    tool_parser: Any = None  # the `ToolParser` class `--tool-call-parser` named (None: found from the chat template)
+    enable_auto_tool_choice: bool = True  # may `tool_choice` be `auto` (vLLM: only with `--enable-auto-tool-choice`)
+    chat_template: str | None = None  # `--chat-template`: replaces the tokenizer's template
+    generation_defaults: dict = field(default_factory=dict)  # sampling fields a request leaves out (generation_config)
 
 
 # %% ../../../nbs/15e_openai_serving.ipynb #e6b14281
