@@ -231,6 +231,8 @@ async def start_chat(st: AppState, req: ChatRequest, endpoint: str = "chat_compl
     check_chars(sum(len(_content(m)) for m in req.messages), eng.max_model_len, st.token_chars, st.limits, "messages")
     fmt = tool_parser_for(eng.tokenizer)
     parser = partial(fmt, req.tools) if fmt is not None else None
+    if fmt is not None and fmt.special_tokens and mode == "auto":
+        params.skip_special_tokens = False  # the parser reads the markup; it hands back only content and calls
     offered = _offered_tools(req, mode, eng.tokenizer)
     ids = await asyncio.to_thread(
         lambda: chat_prompt_ids(st, eng, req.messages, offered, req.chat_template_kwargs)

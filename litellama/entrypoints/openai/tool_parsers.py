@@ -92,6 +92,7 @@ class ToolParser(ABC):
     "Splits a streamed reply into content and tool calls: `feed(delta)` as text comes, then `finish()`."
 
     name: ClassVar[str]  # its name in `TOOL_PARSERS` (and `--tool-call-parser`)
+    special_tokens: ClassVar[bool] = False  # is the format's markup made of special tokens (kept in the text it reads)?
 
     def __init__(self, tools: list[Tool] | None = None):
         self.tools = list(tools or [])  # the request's tools: a format that writes arguments as text types them
