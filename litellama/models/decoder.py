@@ -12,6 +12,7 @@ __all__ = [
     "LAZY_MODELS",
     "REFUSED",
     "layer_window",
+    "uses_rope",
     "DecoderLayer",
     "DecoderModel",
     "CausalLM",
@@ -20,6 +21,7 @@ __all__ = [
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "MistralForCausalLM",
+    "SmolLM3ForCausalLM",
     "model_class",
 ]
 
@@ -36,7 +38,7 @@ from ..layers.embedding import Embedding, LMHead
 from ..layers.linear import QuantConfig, head_dim
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
-from ..layers.rotary import RotaryEmbedding
+from ..layers.rotary import NoRotation, RotaryEmbedding
 
 # %% ../../nbs/04_decoder.ipynb #a1c0de02
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -53,6 +55,13 @@ def layer_window(config, layer_idx: int) -> int | None:
     if getattr(config, "use_sliding_window", True) is False:
         return None
     return window
+
+
+# %% ../../nbs/04_decoder.ipynb #807adaf1
+def uses_rope(config, layer_idx: int) -> bool:
+    "Does layer `layer_idx` rotate its queries and keys? (`no_rope_layers[i]` 0: it does not, as in SmolLM3.)"
+    flags = getattr(config, "no_rope_layers", None)
+    return not flags or bool(flags[layer_idx])
 
 
 # %% ../../nbs/04_decoder.ipynb #10c8a0ed
@@ -126,6 +135,7 @@ class DecoderModel(nn.Module):
     ):
         super().__init__()
         self.rotary = RotaryEmbedding(config, head_dim(config), config.max_position_embeddings, device)
+        self.no_rotation = NoRotation(head_dim(config), config.max_position_embeddings, device)  # NoPE layers
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         layer_cls, attn_args = layer_cls or DecoderLayer, attn_args or {}
         # a factor on the token embeddings (Gemma: the square root of the hidden size)
@@ -133,7 +143,7 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(
             layer_cls(
                 config,
-                self.rotary,
+                self.rotary if uses_rope(config, i) else self.no_rotation,
                 biases,
                 qk_norm,
                 make_mlp(i, f"model.layers.{i}.mlp"),
@@ -331,15 +341,21 @@ class MistralForCausalLM(CausalLM):
     "Mistral: the plain decoder, every layer over a sliding window of `sliding_window` keys (when set)."
 
 
+class SmolLM3ForCausalLM(CausalLM):
+    "SmolLM3: the plain decoder with no rotary embedding in the layers `no_rope_layers` marks 0 (every fourth)."
+
+
 # %% ../../nbs/04_decoder.ipynb #25dd7ffe
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    c.__name__: c for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)
+    c.__name__: c
+    for c in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, SmolLM3ForCausalLM)
 }
 MODEL_TYPES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "mistral": MistralForCausalLM,
+    "smollm3": SmolLM3ForCausalLM,
 }
 
 # %% ../../nbs/04_decoder.ipynb #f3e1a20e
