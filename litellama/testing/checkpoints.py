@@ -164,6 +164,24 @@ REAL_SHAPES["phi-4-mini"] = dict(
     tie_word_embeddings=True,
 )
 
+# %% ../../nbs/06_checkpoints.ipynb #d4b9ba5a
+REAL_SHAPES["smollm3-3b"] = dict(
+    model_type="smollm3",
+    architectures=["SmolLM3ForCausalLM"],
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=11008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    max_position_embeddings=65536,
+    rms_norm_eps=1e-6,
+    rope_theta=5000000.0,
+    no_rope_layer_interval=4,
+    tie_word_embeddings=True,
+    pad_token_id=128004,
+)
+
 # %% ../../nbs/06_checkpoints.ipynb #b69cc0ec
 SHAPES = {**{f"tiny-{k}": v for k, v in TINY_CONFIGS.items()}, **REAL_SHAPES}
 
