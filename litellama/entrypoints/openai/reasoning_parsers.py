@@ -15,6 +15,7 @@ __all__ = [
     "ThinkTagParser",
     "Qwen3ReasoningParser",
     "DeepSeekR1ReasoningParser",
+    "GptOssReasoningParser",
 ]
 
 # %% ../../../nbs/15c_openai_reasoning_parsers.ipynb #7a7a24d8
@@ -22,6 +23,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from ...engine.structured_outputs import ReasoningTags
+from .harmony_tool_parser import HarmonyPiece, HarmonyReader
 from .tool_parsers import _held
 
 
@@ -30,6 +32,7 @@ class ReasoningParser(ABC):
     "Splits a streamed reply into reasoning and answer: `feed(delta)` as text comes, then `finish()`."
 
     name: ClassVar[str]  # its name in `REASONING_PARSERS`
+    special_tokens: ClassVar[bool] = False  # is the format's markup made of special tokens (kept in the text it reads)?
 
     def __init__(self, prompt_opened: bool = False):
         self.prompt_opened = prompt_opened  # the prompt itself ends by opening the reasoning block
@@ -160,3 +163,37 @@ class DeepSeekR1ReasoningParser(ThinkTagParser):
 
     name = "deepseek_r1"
     opens_in_reasoning = True
+
+
+# %% ../../../nbs/15c_openai_reasoning_parsers.ipynb #2dba07d4
+@register_reasoning_parser
+class GptOssReasoningParser(ReasoningParser):
+    "gpt-oss's harmony channels: `analysis` is the reasoning; `final` (and commentary to the user) the answer."
+
+    name = "openai_gptoss"
+    special_tokens = True
+
+    def __init__(self, prompt_opened: bool = False):
+        super().__init__(prompt_opened)
+        self.reader = HarmonyReader()
+
+    @classmethod
+    def grammar_tags(cls, tokenizer: Any, prompt_opened: bool = False) -> ReasoningTags | None:
+        return None  # the answer opens with several tokens: a grammar holds from the start
+
+    @property
+    def reasoning(self) -> bool:
+        return self.reader.channel == "analysis"
+
+    @staticmethod
+    def _split(pieces: list[HarmonyPiece]) -> tuple[str, str]:
+        said = [p for p in pieces if p.recipient is None]  # messages to a recipient are calls
+        return "".join(p.text for p in said if p.channel == "analysis"), "".join(
+            p.text for p in said if p.channel != "analysis"
+        )
+
+    def feed(self, text: str) -> tuple[str, str]:
+        return self._split(self.reader.feed(text))
+
+    def finish(self) -> tuple[str, str]:
+        return self._split(self.reader.finish())
