@@ -107,13 +107,14 @@ class DataParallelEngine:
         **options: Any,
     ):
         from litellama.models.loader import load_config
-        from litellama.models.model_dir import resolve_model_dir
+        from litellama.models.model_dir import model_name, resolve_model_dir
 
         tp = options.get("tensor_parallel_size", 1)
         self.parallel_config = ParallelConfig(
             tensor_parallel_size=tp, data_parallel_size=data_parallel_size, routing=routing
         )  # checked before any process starts
-        self.model_dir = resolve_model_dir(model_dir)
+        self.model_dir = resolve_model_dir(model_dir, options.get("revision"), options.get("download_dir"))
+        self.model_name = model_name(model_dir)  # the name the user gave, a hub id or the directory's
         self.config = load_config(self.model_dir)
         try:
             from transformers import AutoTokenizer

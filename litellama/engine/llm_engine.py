@@ -270,24 +270,25 @@ def from_pretrained(
     quantization: str | None = None,
     tensor_parallel_size: int = 1,
     data_parallel_size: int = 1,
+    revision: str | None = None,
+    download_dir: str | None = None,
     **engine_options: Any,
 ) -> ContinuousBatchingEngine:
-    """Load the checkpoint at `path` (default: the bundled model) and build an engine over it; `quantization` names a
-    scheme to quantize a 16-bit checkpoint with as it loads (a quantized checkpoint says its own); with
-    `tensor_parallel_size` N > 1 the model runs on N ranks, each holding its shard. Several replicas
-    (`data_parallel_size`) are built by `data_parallel.engine_from_pretrained`, which sits above the engine."""
+    """An engine over `path` (a directory, a hub id at `revision` cached in `download_dir`, or None: the bundled model),
+    named as `path` was given; `quantization` quantizes a 16-bit checkpoint as it loads; `tensor_parallel_size` N > 1
+    runs it on N ranks. Several replicas (`data_parallel_size`) are `data_parallel.engine_from_pretrained`'s job."""
     from transformers import AutoTokenizer
 
-    kw: dict[str, Any] = dict(
-        dtype=dtype, device=device, quantization=quantization, tensor_parallel_size=tensor_parallel_size
-    )
-    known = {k: v for k, v in engine_options.items() if k in EngineArgs.__dataclass_fields__}
-    EngineArgs(model=path, data_parallel_size=data_parallel_size, **kw, **known)  # every option checked, before loading
+    from litellama.engine.draft_model import draft_from_hub
+    from litellama.models.model_dir import model_name
+
+    given = {k: v for k, v in {**locals(), **engine_options}.items() if k in EngineArgs.__dataclass_fields__}
+    EngineArgs(model=path, **given)  # every option checked, before loading
     if data_parallel_size != 1:  # several engines are the router's job, a floor above (27_data_parallel)
         raise ValueError("data_parallel_size > 1 runs several engines: use LLM or data_parallel.engine_from_pretrained")
     engine_options.pop("routing", None)  # one engine: no router
-    model_dir = resolve_model_dir(path)
-    device = resolve_device(device)
+    model_dir, device = resolve_model_dir(path, revision, download_dir), resolve_device(device)
+    engine_options["speculative_config"] = draft_from_hub(engine_options.get("speculative_config"), download_dir)
     if tensor_parallel_size != 1:
         from litellama.executor.executor import engine_options_for_tp
 
@@ -304,6 +305,7 @@ def from_pretrained(
         model, config, tokenizer, model_dir, device=device, dtype=resolve_dtype(dtype, device), **engine_options
     )
     eng.model_config.quantization, eng.parallel_config.tensor_parallel_size = quantization, tensor_parallel_size
+    eng.model_config.revision, eng.model_config.download_dir, eng.model_name = revision, download_dir, model_name(path)
     return eng
 
 

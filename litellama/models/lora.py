@@ -12,6 +12,7 @@ __all__ = [
     "targeted",
     "LoRALayerWeights",
     "LoRAAdapter",
+    "adapter_dir",
     "read_adapter",
     "layer_slices",
     "stack_layer",
@@ -21,6 +22,7 @@ __all__ = [
 # %% ../../nbs/35_lora.ipynb #30564f30
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..layers.linear import Linear
+from .model_dir import ADAPTER_FILES, ModelNotFoundError, hub_snapshot, looks_like_path
 
 
 # %% ../../nbs/35_lora.ipynb #02ac45dc
@@ -138,15 +141,27 @@ class LoRAAdapter:
         return self.config.scale
 
 
+# %% ../../nbs/35_lora.ipynb #507c7f94
+def adapter_dir(path: str | os.PathLike, name: str) -> Path:
+    "The directory of adapter `name` at `path`: a path as it is, a hub id as its snapshot in the Hugging Face cache."
+    if looks_like_path(path):
+        return Path(path)
+    try:
+        return hub_snapshot(str(path), files=ADAPTER_FILES, needs="adapter_config.json", what="adapter")
+    except ModelNotFoundError as e:
+        raise AdapterError(str(e) if name == str(path) else f"adapter '{name}': {e}") from None
+
+
 # %% ../../nbs/35_lora.ipynb #cb5b7a18
 _PREFIX, _PAIR = "base_model.model.", re.compile(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight")
 
 
 def read_adapter(path: str | Path, model: nn.Module, max_lora_rank: int, name: str | None = None) -> LoRAAdapter:
-    """Read the PEFT adapter in directory `path` for `model`; raise `AdapterError` (one line) for anything it cannot
-    serve: an unsupported field, a rank over `max_lora_rank`, a target the model lacks, a misshapen tensor."""
-    path = Path(path)
-    name = name or path.name
+    """Read the PEFT adapter at `path` (a directory or a hub id) for `model`; raise `AdapterError` (one line) for
+    anything it cannot serve: an unsupported field, a rank over `max_lora_rank`, a target the model lacks, a misshapen
+    tensor."""
+    name = name or (Path(path).name if looks_like_path(path) else str(path))
+    path = adapter_dir(path, name)
     cfg_file, weights_file = path / "adapter_config.json", path / "adapter_model.safetensors"
     for f in (cfg_file, weights_file):
         if not f.is_file():
