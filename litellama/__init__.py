@@ -34,9 +34,17 @@ _PUBLIC = {  # name -> the module that defines it
     "ChatWidget": "litellama.entrypoints.widget",  # ipywidgets, the `notebook` extra, only when a widget is built
     "RequestOutput": "litellama.entrypoints.llm",
     "CompletionOutput": "litellama.entrypoints.llm",
+    "Logprob": "litellama.entrypoints.llm",
+    "PoolingParams": "litellama.entrypoints.llm",
+    "PoolingRequestOutput": "litellama.entrypoints.llm",
+    "EmbeddingRequestOutput": "litellama.entrypoints.llm",
+    "EmbeddingOutput": "litellama.entrypoints.llm",
+    "LoRARequest": "litellama.models.lora",
+    "StructuredOutputsParams": "litellama.engine.structured_outputs",
     "AsyncLLMEngine": "litellama.engine.async_engine",
     "explain_selection": "litellama.kernels.registry",
 }
+__all__ = ["__version__", *_PUBLIC]  # what `from litellama import *` gives
 
 
 # %% ../nbs/01_api.ipynb #8e1fe20e

@@ -36,7 +36,7 @@ def _xgr():
 
 # %% ../../nbs/18_structured_outputs.ipynb #50a00007
 class StructuredOutputsParams:
-    "Constrain a request's output to a JSON schema, any JSON object, a regex or one of several strings."
+    "Constrain a request's output: a JSON schema, any JSON object, a regex, one of several strings or an EBNF grammar."
 
     def __init__(
         self,
@@ -44,18 +44,25 @@ class StructuredOutputsParams:
         json_object: bool = False,
         regex: str | None = None,
         choice: list | None = None,
+        grammar: str | None = None,
         reasoning: object = None,  # a ReasoningTags (declared below) or None
     ):
-        given = [
-            k for k, v in (("json", json), ("json_object", json_object), ("regex", regex), ("choice", choice)) if v
-        ]
+        kinds = (
+            ("json", json),
+            ("json_object", json_object),
+            ("regex", regex),
+            ("choice", choice),
+            ("grammar", grammar),
+        )
+        given = [k for k, v in kinds if v]
         if len(given) != 1:
             raise ValueError(
-                f"structured_outputs needs exactly one of json, json_object, regex, choice; got {given or 'none'}"
+                f"structured_outputs needs exactly one of {', '.join(k for k, _ in kinds)}; got {given or 'none'}"
             )
         if choice is not None and not (isinstance(choice, list) and all(isinstance(c, str) and c for c in choice)):
             raise ValueError("structured_outputs choice must be a list of non-empty strings")
         self.json, self.json_object, self.regex, self.choice = json, bool(json_object), regex, choice
+        self.grammar = grammar  # EBNF, as xgrammar (and vLLM's `grammar`) reads it
         self.reasoning = reasoning  # set: the grammar waits until the reply's reasoning block has closed
 
     def __repr__(self):
@@ -72,7 +79,7 @@ def _dumps(obj) -> str:
 def key(self: StructuredOutputsParams) -> tuple:
     "What identifies the grammar (for the compile cache)."
     j = self.json if self.json is None or isinstance(self.json, str) else _dumps(self.json)
-    return (j, self.json_object, self.regex, tuple(self.choice) if self.choice else None)
+    return (j, self.json_object, self.regex, tuple(self.choice) if self.choice else None, self.grammar)
 
 
 # %% ../../nbs/18_structured_outputs.ipynb #50a0000a
@@ -96,8 +103,10 @@ def _re_escape(s: str) -> str:
 # %% ../../nbs/18_structured_outputs.ipynb #9c49d9b0
 @patch
 def _compile(self: GrammarBackend, key: tuple):
-    j, json_object, regex, choice = key
+    j, json_object, regex, choice, grammar = key
     c = self.compiler
+    if grammar is not None:
+        return c.compile_grammar(grammar)
     if json_object:
         return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
     if j is not None:
