@@ -632,12 +632,13 @@ def _append_token(
     if logprobs is not None:
         c.logprobs.append(logprobs)
     n_out, p = pos + 1 - c.seq.num_prompt_tokens, c.params
-    stopped = c.detok.add_token(tok) if c.detok else False
+    is_stop_token = tok in p.stop_token_ids or (tok in self._eos_set and not p.ignore_eos)  # type: ignore[operator]
+    ends = is_stop_token and n_out >= p.min_tokens  # a token that stops the sequence is not part of its text
+    stopped = c.detok.add_token(tok) if c.detok and not ends else False
     if c.matcher is not None and not c.matcher.is_terminated() and (c.gate is None or c.gate.take(tok)):
         c.matcher.accept_token(tok)
         stopped = stopped or c.matcher.is_terminated()  # the grammar is complete (it took the end token)
-    is_stop_token = tok in p.stop_token_ids or (tok in self._eos_set and not p.ignore_eos)  # type: ignore[operator]
-    if stopped or (is_stop_token and n_out >= p.min_tokens):
+    if stopped or ends:
         c.finish_reason = "stop"
     elif n_out >= c.max_tokens or pos + 1 >= self.max_model_len:
         c.finish_reason = "length"
