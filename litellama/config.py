@@ -1,4 +1,4 @@
-"""The engine's options as data: four configs, and `EngineArgs`, their flat union, which becomes CLI flags and back.
+"""The options as data: four configs; `EngineArgs`, their flat union, as CLI flags and back; the server's flags; vLLM's.
 
 Docs: https://litellama.github.io/litellama/nbs/config.html.md"""
 
@@ -11,6 +11,11 @@ __all__ = [
     "QUANTIZATION_METHODS",
     "ROUTING_POLICIES",
     "CLI_FLAGS",
+    "CLI_ALIASES",
+    "UVICORN_LOG_LEVELS",
+    "SERVER_OPTIONS",
+    "VLLM_STATUSES",
+    "VLLM_FLAGS",
     "ModelConfig",
     "CacheConfig",
     "default_max_num_batched_tokens",
@@ -18,11 +23,21 @@ __all__ = [
     "ParallelConfig",
     "EngineArgs",
     "json_object",
+    "add_server_args",
+    "served_names",
+    "read_chat_template",
+    "VLLMFlag",
+    "add_vllm_flags",
 ]
 
 # %% ../nbs/00_config.ipynb #d02b3057
+import argparse
 import json
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import NamedTuple
 
 from .utils import patch
 
@@ -219,11 +234,17 @@ def to_kwargs(self: EngineArgs, defaults: bool = False) -> dict:
 
 # %% ../nbs/00_config.ipynb #7c77649c
 CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the field to the opposite of its default
-    "model": ("--model-dir", "HF checkpoint directory (default: $LITELLAMA_MODEL_DIR, else the bundled SmolLM2)"),
+    "model": (
+        "--model",
+        "a checkpoint directory or a hub id (default: $LITELLAMA_MODEL_DIR, else the bundled SmolLM2)",
+    ),
+    "revision": ("--revision", "a hub id's branch, tag or commit"),
+    "download_dir": ("--download-dir", "the Hugging Face cache to read and download into (default: HF's own)"),
     "device": ("--device", "where the model runs: auto (the GPU if there is one), cpu, cuda, cuda:1, ..."),
     "dtype": ("--dtype", "auto (bf16 on a GPU, fp32 on a CPU), float32, float16 or bfloat16"),
     "quantization": ("--quantization", "quantize a 16-bit checkpoint as it loads (a quantized checkpoint needs none)"),
     "max_model_len": ("--max-model-len", "longest prompt + output (default: the model's)"),
+    "seed": ("--seed", "seeds the requests that bring no seed of their own (default 0)"),
     "enforce_eager": ("--enforce-eager", "no CUDA graphs: every step runs eagerly"),
     "cpu_compile": ("--cpu-compile", "a CPU's decode steps through torch.compile: faster, after a first compile"),
     "block_size": ("--block-size", "tokens per KV cache block, a power of two (default 16)"),
@@ -231,13 +252,19 @@ CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the fi
     "kv_cache_memory": ("--kv-cache-memory", "KV cache bytes (default: a share of the free GPU memory)"),
     "gpu_memory_utilization": ("--gpu-memory-utilization", "share of the GPU memory the engine may use (default 0.9)"),
     "kv_cache_dtype": ("--kv-cache-dtype", "fp8: half the cache bytes of bf16 (default: the model's dtype)"),
-    "enable_prefix_caching": ("--no-prefix-caching", "disable prefix caching"),
+    "enable_prefix_caching": (
+        "--enable-prefix-caching",
+        "prefix caching on (the default) or off (also --no-prefix-caching)",
+    ),
     "max_num_seqs": ("--max-num-seqs", "most sequences in one step (default 256)"),
     "max_num_batched_tokens": (
         "--max-num-batched-tokens",
         "most tokens in one step (default 16384 on a GPU, else 8192)",
     ),
-    "async_scheduling": ("--no-overlap", "read each step back before scheduling the next (no overlapped steps)"),
+    "async_scheduling": (
+        "--async-scheduling",
+        "overlap a step with the next one's scheduling (default: on a GPU only; --no-overlap is off)",
+    ),
     "tensor_parallel_size": ("--tensor-parallel-size", "split every layer over N ranks (GPUs, or CPU processes)"),
     "data_parallel_size": ("--data-parallel-size", "N engine replicas in their own processes behind a router"),
     "routing": ("--routing", "data parallel: which replica takes a request"),
@@ -247,13 +274,23 @@ CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the fi
     ),
 }
 
+# %% ../nbs/00_config.ipynb #97e84394
+CLI_ALIASES = {  # field: other spellings of its flag (litellama's older names, vLLM's short and older ones)
+    "model": ("--model-dir",),
+    "quantization": ("-q",),
+    "kv_cache_memory": ("--kv-cache-memory-bytes",),
+    "num_kv_blocks": ("--num-gpu-blocks-override",),
+    "tensor_parallel_size": ("-tp",),
+    "data_parallel_size": ("-dp",),
+}
+
 # %% ../nbs/00_config.ipynb #8c80960b
 _CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES, "routing": ROUTING_POLICIES}
 
 # %% ../nbs/00_config.ipynb #417cb0e6
 _TYPES = {"max_model_len": int, "block_size": int, "num_kv_blocks": int, "kv_cache_memory": int, "max_num_seqs": int}
 _TYPES.update(
-    max_num_batched_tokens=int, gpu_memory_utilization=float, tensor_parallel_size=int, data_parallel_size=int
+    max_num_batched_tokens=int, gpu_memory_utilization=float, tensor_parallel_size=int, data_parallel_size=int, seed=int
 )
 
 
@@ -268,28 +305,41 @@ def json_object(text: str) -> dict:
 _TYPES["speculative_config"] = json_object
 
 # %% ../nbs/00_config.ipynb #c36d3505
-_SWITCHES = {
-    "enforce_eager": True,
-    "cpu_compile": True,
-    "enable_prefix_caching": False,
-    "async_scheduling": False,
-}  # the value a switch sets
+_SWITCHES = {"enforce_eager": True, "cpu_compile": True}  # one-way switches: the value each sets
+_TWO_WAY = {  # `--flag` sets True, `--no-flag` False; the value is the old spelling of `--no-flag`
+    "enable_prefix_caching": "--no-prefix-caching",
+    "async_scheduling": "--no-overlap",
+}
+
+
+# %% ../nbs/00_config.ipynb #16f5c706
+class _Once(argparse.Action):
+    "Store a flag's value; a different value given under another spelling is an error."
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != values:
+            raise ValueError(f"{self.dest} given twice: {before!r} and {values!r} ({option_string}); give one")
+        setattr(namespace, self.dest, values)
 
 
 # %% ../nbs/00_config.ipynb #10b3d7fa
 @patch(cls_method=True)
-def add_cli_args(cls: EngineArgs, parser, only=None):
-    "Add the engine's flags (all of `CLI_FLAGS`, or the fields in `only`) to `parser`; returns `parser`."
+def add_cli_args(cls: EngineArgs, parser, only=None, skip=()):
+    "Add the engine's flags (all of `CLI_FLAGS`, or the fields in `only`, less those in `skip`) to `parser`."
     for name, (flag, help) in CLI_FLAGS.items():
-        if only is not None and name not in only:
+        if (only is not None and name not in only) or name in skip:
             continue
-        if name in _SWITCHES:
+        if name in _TWO_WAY:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help)
+            parser.add_argument(_TWO_WAY[name], dest=name, action="store_const", const=False, help=argparse.SUPPRESS)
+        elif name in _SWITCHES:
             parser.add_argument(flag, dest=name, action="store_const", const=_SWITCHES[name], default=None, help=help)
         else:
             metavar = None if name in _CHOICES else flag[2:].upper().replace("-", "_")
-            parser.add_argument(
-                flag, dest=name, type=_TYPES.get(name), choices=_CHOICES.get(name), metavar=metavar, help=help
-            )
+            spellings = (flag, *CLI_ALIASES.get(name, ()))
+            kw = dict(type=_TYPES.get(name), choices=_CHOICES.get(name), metavar=metavar, help=help)
+            parser.add_argument(*spellings, dest=name, action=_Once if len(spellings) > 1 else "store", **kw)
     return parser
 
 
@@ -310,7 +360,219 @@ def to_cli_args(self: EngineArgs) -> list:
         if v == f.default:
             continue
         ok = f.name in CLI_FLAGS and (f.name not in _SWITCHES or v == _SWITCHES[f.name])
-        _check(ok, f"{f.name}={v!r} has no command-line flag")
+        _check(ok and (f.name not in _TWO_WAY or isinstance(v, bool)), f"{f.name}={v!r} has no command-line flag")
         flag = CLI_FLAGS[f.name][0]
-        out += [flag] if f.name in _SWITCHES else [flag, json.dumps(v) if isinstance(v, dict) else str(v)]
+        if f.name in _TWO_WAY:
+            out.append(flag if v else "--no-" + flag[2:])
+        else:
+            out += [flag] if f.name in _SWITCHES else [flag, json.dumps(v) if isinstance(v, dict) else str(v)]
     return out
+
+
+# %% ../nbs/00_config.ipynb #54b7bcfd
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+SERVER_OPTIONS = (  # `serve`'s keywords that are server flags (the LoRA flags go in only when asked for)
+    "host", "port", "api_key", "served_model_name", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
+    "chat_template", "generation_config", "uvicorn_log_level", "enable_log_requests", "allowed_local_media_path",
+    "pooling",
+)  # fmt: skip
+
+
+# %% ../nbs/00_config.ipynb #10557d65
+def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    "Add the server's flags (those of `SERVER_OPTIONS`, then the LoRA ones) to `parser`; returns `parser`."
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine only)")
+    add("--port", type=int, default=8000)
+    add("--api-key", default=None, help="requests must carry `Authorization: Bearer KEY`")
+    names_help = "the names the model answers to; /v1/models shows the first (default: the model as given)"
+    add("--served-model-name", nargs="+", default=None, metavar="NAME", help=names_help)
+    add("--enable-auto-tool-choice", action="store_true", help="requests may let the model choose to call a tool")
+    parser_help = "the format tool calls are read in (default: the one the chat template teaches)"
+    add("--tool-call-parser", default=None, metavar="NAME", help=parser_help)
+    add("--reasoning-parser", default=None, help="split chat replies into reasoning_content and content")
+    add("--chat-template", default=None, metavar="PATH|TEMPLATE", help="a Jinja chat template (or its file) to use")
+    defaults_help = "sampling defaults: the checkpoint's generation_config.json, none, or a folder's (default auto)"
+    add("--generation-config", default="auto", metavar="auto|vllm|FOLDER", help=defaults_help)
+    add("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS)
+    add("--enable-log-requests", action="store_true", help="log one line per request: its id and its parameters")
+    add("--allowed-local-media-path", default=None, help="image_url parts may name files under this directory")
+    pooling_help = "how /v1/embeddings pools hidden states (default: the checkpoint's own config)"
+    add("--pooling", default=None, choices=("last", "mean", "cls"), help=pooling_help)
+    return _add_lora_args(parser)
+
+
+def _add_lora_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    "The LoRA flags of `litellama serve`."
+    add = parser.add_argument
+    add("--enable-lora", action="store_true", help="serve LoRA adapters beside the base model")
+    add("--lora-modules", nargs="+", default=None, metavar="NAME=PATH", help="PEFT adapters to serve")
+    add("--max-loras", type=int, default=None, help="most adapters in one step (default 4)")
+    add("--max-lora-rank", type=int, default=None, help="highest adapter rank served (default 64)")
+    add("--max-cpu-loras", type=int, default=None, help="adapters kept in CPU memory (default max-loras)")
+    return parser
+
+
+# %% ../nbs/00_config.ipynb #53c2ab04
+def served_names(served_model_name: str | Sequence[str]) -> tuple[str, ...]:
+    "The names a server answers to, in order, once each; at least one."
+    names = (served_model_name,) if isinstance(served_model_name, str) else tuple(served_model_name)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"served model names must be non-empty strings, got {served_model_name!r}")
+    return tuple(dict.fromkeys(names))
+
+
+# %% ../nbs/00_config.ipynb #4e5edadd
+def read_chat_template(template: str | None) -> str | None:
+    "`--chat-template`: the template itself (text with braces or a newline), else the text of the file it names."
+    if template is None or any(c in template for c in "{}\n"):
+        return template
+    path = Path(template).expanduser()
+    if not path.is_file():
+        raise ValueError(f"chat template file not found: {template}")
+    return path.read_text()
+
+
+# %% ../nbs/00_config.ipynb #a53380d5
+class VLLMFlag(NamedTuple):
+    "A `vllm serve` flag, as litellama takes it."
+
+    status: str  # same, alias, no-op or unsupported
+    meaning: str  # what it does here; for unsupported, why not and what to do instead
+    takes_value: bool = False  # no-op and unsupported flags: does a value follow the flag?
+
+
+VLLM_STATUSES = ("same", "alias", "no-op", "unsupported")
+
+# %% ../nbs/00_config.ipynb #0f28e151
+_S = lambda meaning: VLLMFlag("same", meaning)
+VLLM_FLAGS = {  # vLLM's flag (spellings, comma-separated) -> VLLMFlag
+    "MODEL": _S("the positional model of `serve`: a checkpoint directory or a hub id; none: the bundled model"),
+    "--model": _S("the same model as a flag (litellama's older --model-dir is an alias)"),
+    "--revision": _S("a hub id's branch, tag or commit"),
+    "--download-dir": _S("the Hugging Face cache to read and download into"),
+    "--dtype": _S("auto, float32, float16 or bfloat16 (auto: bf16 on a GPU, fp32 on a CPU)"),
+    "--quantization, -q": _S("quantize a 16-bit checkpoint as it loads: int8, fp8, compressed-tensors, awq, gptq"),
+    "--max-model-len": _S("longest prompt + output"),
+    "--seed": _S("seeds the requests that bring no seed of their own"),
+    "--enforce-eager": _S("no CUDA graphs"),
+    "--block-size": _S("tokens per KV cache block (a power of two)"),
+    "--gpu-memory-utilization": _S("share of the GPU memory the engine may use"),
+    "--kv-cache-dtype": _S("auto or fp8 (e4m3)"),
+    "--enable-prefix-caching, --no-enable-prefix-caching": _S("prefix caching on (default) or off"),
+    "--max-num-seqs": _S("most sequences in one step"),
+    "--max-num-batched-tokens": _S("most tokens in one step"),
+    "--async-scheduling, --no-async-scheduling": _S("overlap a step with the next one's scheduling"),
+    "--tensor-parallel-size, -tp": _S("split every layer over N GPUs (or CPU processes)"),
+    "--data-parallel-size, -dp": _S("N replicas on this host, behind a router"),
+    "--speculative-config": _S("speculative decoding as JSON: ngram, a draft model, or EAGLE-3"),
+    "--kv-cache-memory-bytes": VLLMFlag("alias", "litellama's --kv-cache-memory: the KV cache's bytes"),
+    "--num-gpu-blocks-override": VLLMFlag("alias", "litellama's --num-kv-blocks: the KV cache's blocks"),
+}
+
+# %% ../nbs/00_config.ipynb #1679cb40
+VLLM_FLAGS |= {
+    "--host": _S("the address to listen on; default 127.0.0.1 (this machine only), where vLLM listens on all"),
+    "--port": _S("the port (default 8000)"),
+    "--api-key": _S("one key; requests carry `Authorization: Bearer KEY` (/health and /metrics stay open)"),
+    "--served-model-name": _S("the names the model answers to; /v1/models shows the first"),
+    "--enable-auto-tool-choice": _S("requests may send tool_choice auto"),
+    "--tool-call-parser": _S("the tool-call format, by name (default: the one the chat template teaches)"),
+    "--reasoning-parser": _S("split replies into reasoning_content and content: qwen3, deepseek_r1"),
+    "--chat-template": _S("a Jinja template, or the file holding one, in place of the tokenizer's"),
+    "--generation-config": _S("sampling defaults: auto (the checkpoint's), vllm (none) or a folder's"),
+    "--uvicorn-log-level": _S("uvicorn's log level"),
+    "--enable-log-requests": _S("one log line per request: its id and its sampling parameters"),
+    "--allowed-local-media-path": _S("image_url parts may name files under this directory"),
+    "--enable-lora": _S("serve LoRA adapters beside the base model"),
+    "--lora-modules": _S("adapters as name=path items"),
+    "--max-loras": _S("most adapters in one step"),
+    "--max-lora-rank": _S("highest adapter rank served"),
+    "--max-cpu-loras": _S("adapters kept in CPU memory"),
+}
+
+# %% ../nbs/00_config.ipynb #b6e7278b
+_N = lambda meaning, takes_value=False: VLLMFlag("no-op", meaning, takes_value)
+VLLM_FLAGS |= {
+    "--disable-log-stats": _N("litellama logs no periodic stats; /metrics is always served"),
+    "--enable-chunked-prefill": _N("litellama always chunks a long prompt within --max-num-batched-tokens"),
+    "--disable-log-requests": _N("requests are logged only with --enable-log-requests"),
+    "--no-trust-remote-code": _N("litellama never runs a checkpoint's code"),
+    "--disable-frontend-multiprocessing": _N("the server and the engine share one process already"),
+    "--disable-uvicorn-access-log": _N("to drop the access lines, give --uvicorn-log-level warning"),
+    "--swap-space": _N("a preempted sequence is recomputed, never swapped to CPU memory", True),
+    "--guided-decoding-backend": _N("litellama has one grammar engine, built in", True),
+    "--max-log-len": _N("request log lines hold no prompt text", True),
+}
+
+# %% ../nbs/00_config.ipynb #2131a03f
+_U = lambda meaning: VLLMFlag("unsupported", meaning, True)
+_HUB = "litellama reads the checkpoint's config.json as it is; edit a copy of the checkpoint instead"
+VLLM_FLAGS |= {
+    "--trust-remote-code": _U("litellama runs no checkpoint code; the architectures it serves are built in"),
+    "--pipeline-parallel-size, -pp": _U("no pipeline parallelism; split layers with -tp, or add replicas with -dp"),
+    "--distributed-executor-backend": _U("ranks are always local processes; set their number with -tp"),
+    "--kv-transfer-config": _U("no disaggregated prefill; one server prefills and decodes its own requests"),
+    "--load-format": _U("litellama loads safetensors checkpoints; random weights: `litellama make-random-checkpoint`"),
+    "--tokenizer": _U("the tokenizer is read from the model's own folder; put its files there"),
+    "--tokenizer-mode": _U("litellama uses the checkpoint's Hugging Face tokenizer as it is"),
+    "--code-revision, --tokenizer-revision": _U("--revision picks the one revision of weights and tokenizer"),
+    "--hf-token": _U("set HF_TOKEN in the environment instead"),
+    "--hf-overrides": _U(_HUB),
+    "--rope-scaling": _U(_HUB),
+    "--max-num-partial-prefills": _U("one token budget a step; tune it with --max-num-batched-tokens"),
+    "--limit-mm-per-prompt": _U("litellama caps no images per prompt; --max-model-len bounds a prompt's tokens"),
+    "--mm-processor-kwargs": _U("the image processor runs with the checkpoint's own settings"),
+    "--quantization-param-path": _U("litellama reads no KV-cache scale files"),
+    "--compilation-config, -O": _U("--enforce-eager turns CUDA graphs off; --cpu-compile compiles a CPU's steps"),
+    "--cuda-graph-sizes, --max-seq-len-to-capture": _U("litellama picks its CUDA graph sizes; --enforce-eager: none"),
+    "--cpu-offload-gb": _U("the weights stay on the device; a quantized checkpoint or --quantization makes them fit"),
+    "--enable-expert-parallel": _U("no expert parallelism; -tp splits every layer"),
+    "--task, --runner, --convert": _U(
+        "every model serves generation and /v1/embeddings; choose pooling with --pooling"
+    ),
+    "--structured-outputs-config": _U("litellama's grammar engine is built in and takes no options"),
+    "--tool-parser-plugin": _U("a tool-call format is a module <name>_tool_parser in litellama.entrypoints.openai"),
+    "--override-generation-config": _U("write a generation_config.json and name its folder in --generation-config"),
+    "--logits-processors": _U("litellama loads no processor code; requests shape logits with logit_bias or a grammar"),
+    "--scheduling-policy": _U("requests run first come, first served"),
+    "--enable-sleep-mode": _U("litellama keeps its GPU memory while it serves"),
+    "--ssl-keyfile, --ssl-certfile": _U("litellama serves plain HTTP; put a TLS-terminating proxy in front"),
+    "--allowed-origins": _U("litellama sends no CORS headers; put a proxy in front"),
+    "--config": _U("litellama reads no YAML config; give the flags on the command line"),
+    "--headless, --api-server-count": _U("one server process on one host serves every request"),
+}
+
+
+# %% ../nbs/00_config.ipynb #8fe79257
+class _Refused(argparse.Action):
+    "A vLLM flag litellama does not take: one error line naming it and what to do instead."
+
+    def __init__(self, reason: str, **kw):
+        super().__init__(**kw)
+        self.reason = reason
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise ValueError(f"{option_string}: {self.reason}")
+
+
+class _Ignored(_Refused):
+    "A vLLM flag that changes nothing here: a note on stderr, and the command goes on."
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"litellama: note: {option_string} is ignored: {self.reason}", file=sys.stderr)
+
+
+# %% ../nbs/00_config.ipynb #de193255
+def add_vllm_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    "Add `VLLM_FLAGS`' no-op and unsupported rows to `parser`, each answered by one line; returns `parser`."
+    for spellings, row in VLLM_FLAGS.items():
+        if row.status not in ("no-op", "unsupported"):
+            continue
+        action = _Ignored if row.status == "no-op" else _Refused
+        nargs = ("?" if row.status == "unsupported" else 1) if row.takes_value else 0
+        parser.add_argument(
+            *spellings.split(", "), action=action, reason=row.meaning, nargs=nargs, default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )  # fmt: skip
+    return parser

@@ -14,6 +14,7 @@ __all__ = [
     "run_batch",
     "cmd_batch",
     "cmd_demo",
+    "serve_kwargs",
     "cmd_serve",
     "cmd_make_random_checkpoint",
     "cmd_quantize",
@@ -31,15 +32,17 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from ..config import KV_CACHE_DTYPES as KV_CACHE_DTYPES  # re-exported: the CLI's choices
-from ..config import EngineArgs
+from ..config import SERVER_OPTIONS, EngineArgs, add_server_args, add_vllm_flags
+from ..config import VLLM_FLAGS as VLLM_FLAGS  # re-exported: the "Coming from vLLM" table
 
 
 # %% ../../nbs/16_cli.ipynb #80b0968d
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    "The engine's flags on subcommand parser `p`."
-    EngineArgs.add_cli_args(p)
+def _engine_args(p: argparse.ArgumentParser, skip: tuple = ()) -> None:
+    "The engine's flags on subcommand parser `p` (less those in `skip`, which `p` spells its own way)."
+    EngineArgs.add_cli_args(p, skip=skip)
 
 
 # %% ../../nbs/16_cli.ipynb #8701cf80
@@ -242,21 +245,12 @@ def cmd_demo(a: argparse.Namespace) -> None:
 
 
 # %% ../../nbs/16_cli.ipynb #46307e6b
-def cmd_serve(a: argparse.Namespace) -> None:
-    from litellama.entrypoints.openai.api_server import serve
-
-    serve(
-        a.model,
-        host=a.host,
-        port=a.port,
-        api_key=a.api_key,
-        served_model_name=a.served_model_name,
-        allowed_local_media_path=a.allowed_local_media_path,
-        reasoning_parser=a.reasoning_parser,
-        pooling=a.pooling,
-        **_engine_options(a),
-        **_lora_options(a),
-    )
+def serve_kwargs(a: argparse.Namespace) -> dict:
+    "`serve`'s keyword arguments from a parsed `litellama serve` line: the model, the server's flags, the engine's."
+    if a.model_tag and a.model and a.model_tag != a.model:
+        raise ValueError(f"model given twice: {a.model_tag!r} and {a.model!r} (--model); give one")
+    server = {k: getattr(a, k) for k in SERVER_OPTIONS}
+    return dict(model_dir=a.model_tag or a.model, **server, **_engine_options(a), **_lora_options(a))
 
 
 def _lora_options(a: argparse.Namespace) -> dict:  # serve's adapter options, only with --enable-lora or --lora-modules
@@ -264,6 +258,14 @@ def _lora_options(a: argparse.Namespace) -> dict:  # serve's adapter options, on
         return {}
     opts = dict(enable_lora=a.enable_lora, lora_modules=a.lora_modules or [])
     return opts | {k: getattr(a, k) for k in ("max_loras", "max_lora_rank", "max_cpu_loras") if getattr(a, k)}
+
+
+def cmd_serve(a: argparse.Namespace) -> None:
+    "Serve the model over HTTP until SIGTERM or Ctrl-C."
+    kw = serve_kwargs(a)  # a model named twice fails before the server's imports
+    from litellama.entrypoints.openai.api_server import serve
+
+    serve(**kw)
 
 
 # %% ../../nbs/16_cli.ipynb #b11d15f5
@@ -315,7 +317,7 @@ def cmd_quantize(a: argparse.Namespace) -> None:
 def add_quantize_parser(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser("quantize", help="write a quantized checkpoint (offline methods: " + ", ".join(QUANTIZERS) + ")")
     q.add_argument("out_dir")
-    q.add_argument("--model-dir", default=None)
+    q.add_argument("--model-dir", "--model", dest="model_dir", default=None)
     q.add_argument("--method", required=True)
     q.add_argument("--alpha", type=float, default=None, help="smoothquant: migration strength (default 0.5)")
     q.add_argument(
@@ -452,7 +454,7 @@ def cmd_tune(a: argparse.Namespace) -> None:
 # %% ../../nbs/16_cli.ipynb #3241353d
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="complete prompts")
-    _engine_args(g)
+    _engine_args(g, skip=("seed",))
     _sampling_args(g)
     g.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     g.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
@@ -462,7 +464,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 # %% ../../nbs/16_cli.ipynb #9f03f1f4
 def _add_chat(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("chat", help="interactive chat")
-    _engine_args(c)
+    _engine_args(c, skip=("seed",))
     _sampling_args(c, 512)
     c.add_argument("--system", default=None)
     c.set_defaults(fn=cmd_chat)
@@ -471,7 +473,7 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
 # %% ../../nbs/16_cli.ipynb #77c5517c
 def _add_batch(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("batch", help="run a prompt set through the scheduler")
-    _engine_args(b)
+    _engine_args(b, skip=("seed",))
     _sampling_args(b, 128)
     b.add_argument("--prompts", default=None, help="file: one prompt per line, or a JSON list")
     b.add_argument("--show-stats", action="store_true")
@@ -489,38 +491,18 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 # %% ../../nbs/16_cli.ipynb #707f34c4
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    s = sub.add_parser("serve", help="OpenAI-compatible server")
+    s = sub.add_parser("serve", help="OpenAI-compatible server (vLLM's flags: see VLLM_FLAGS)")
+    s.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="a checkpoint directory or a hub id")
     _engine_args(s)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=None)
-    s.add_argument("--served-model-name", default=None)
-    s.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters beside the base model")
-    s.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH", help="PEFT adapters to serve")
-    s.add_argument("--max-loras", type=int, default=None, help="most adapters in one step (default 4)")
-    s.add_argument("--max-lora-rank", type=int, default=None, help="highest adapter rank served (default 64)")
-    s.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept in CPU memory (default max-loras)")
+    add_server_args(s)
+    add_vllm_flags(s)
     s.set_defaults(fn=cmd_serve)
-    s.add_argument(
-        "--allowed-local-media-path", default=None, help="image_url parts may name local files under this directory"
-    )
-    s.add_argument(
-        "--reasoning-parser",
-        default=None,
-        help="split chat replies into reasoning_content and content: qwen3 or deepseek_r1",
-    )
-    s.add_argument(
-        "--pooling",
-        default=None,
-        choices=("last", "mean", "cls"),
-        help="how /v1/embeddings pools hidden states: last, mean or cls (default: the checkpoint's own config)",
-    )
 
 
 # %% ../../nbs/16_cli.ipynb #682658fc
 def _add_vl_chat(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("vl-chat", help="chat about images with a vision-language model (LLaVA-1.5, Qwen3-VL)")
-    _engine_args(v)
+    _engine_args(v, skip=("seed",))
     _sampling_args(v, 512)
     v.add_argument("--image", action="append", required=True, help="an image file (repeat for several)")
     v.add_argument("--prompt", default=None, help="one question, answered streamed (default: interactive)")
@@ -584,8 +566,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # %% ../../nbs/16_cli.ipynb #9c67f5d5
+def _fail(e: Exception) -> NoReturn:
+    print(f"litellama: error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
-    a = build_parser().parse_args(argv)
+    try:
+        a = build_parser().parse_args(argv)
+    except ValueError as e:  # a refused flag or a model named twice: one line, before anything loads
+        _fail(e)
     import logging
 
     logging.basicConfig(level=logging.INFO, format="litellama: %(message)s")
@@ -594,7 +584,6 @@ def main(argv: list[str] | None = None) -> None:
     try:
         a.fn(a)
     except (CheckpointError, ValueError, FileNotFoundError, ImportError) as e:
-        print(f"litellama: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _fail(e)
     except KeyboardInterrupt:
         sys.exit(130)

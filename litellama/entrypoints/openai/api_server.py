@@ -6,21 +6,25 @@ Docs: https://litellama.github.io/litellama/nbs/openai_api_server.html.md"""
 
 # %% auto #0
 __all__ = [
+    "log",
     "DISCONNECT_POLL_S",
     "GRACEFUL_SHUTDOWN_S",
     "SWITCH_INTERVAL_S",
     "ServerMetrics",
     "BearerAuth",
+    "RequestLog",
     "build_app",
+    "default_model_name",
     "serve",
 ]
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #fa2d60e9
 import asyncio
 import json
+import logging
 import secrets
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,6 @@ from litellama.entrypoints.openai.lora import (
     model_cards,
     new_adapter,
     parse_lora_modules,
-    resolve_model,
     unload_adapter,
 )
 from litellama.entrypoints.openai.protocol import (
@@ -49,7 +52,9 @@ from litellama.entrypoints.openai.protocol import (
     max_token_chars,
 )
 
+from ...config import UVICORN_LOG_LEVELS, read_chat_template, served_names
 from ...engine.pooling import POOLING_TYPES
+from ...sampling_params import generation_defaults as read_generation_defaults
 from .chat import chat_completions
 from .chat_utils import chat_prompt, prompt_ids
 from .completions import completions
@@ -57,7 +62,10 @@ from .embeddings import embeddings
 from .openapi import openapi_spec
 from .reasoning_parsers import reasoning_parser as find_reasoning_parser
 from .responses import responses
-from .serving import AppState, request_lora
+from .serving import AppState, model_adapter, request_lora
+from .tool_parsers import tool_parser as find_tool_parser
+
+log = logging.getLogger("litellama")
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #edb55271
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)  # seconds: TTFT, end to end
@@ -277,15 +285,33 @@ def _lifespan(async_engine: Any) -> Callable:
 
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #b1c07cda
-def _app_state(async_engine: Any, served_model_name: str, limits: ServerLimits | None) -> AppState:
-    "What every handler reads: the engine, the served name, the metrics, the limits."
+def _app_state(async_engine: Any, names: tuple, limits: ServerLimits | None, **fields: Any) -> AppState:
+    "What every handler reads: the engine, the served names (the first is the model's name), the metrics, the limits."
     return AppState(
         engine=async_engine,
-        model_name=served_model_name,
+        model_name=names[0],
+        served_names=names,
         metrics=ServerMetrics(async_engine),
         limits=limits or ServerLimits(),
         token_chars=max_token_chars(async_engine.engine.tokenizer),
+        **fields,
     )
+
+
+# %% ../../../nbs/15h_openai_api_server.ipynb #d015570d
+class RequestLog:
+    "An `AsyncLLMEngine` that logs each request it is given (id, prompt size, sampling parameters) in one line."
+
+    def __init__(self, async_engine: Any):
+        self.async_engine = async_engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.async_engine, name)
+
+    def generate(self, prompt: Any, params: Any = None, request_id: str | None = None, **kw: Any) -> Any:
+        size = f"{len(prompt)} tokens" if isinstance(prompt, list) else type(prompt).__name__
+        log.info("request %s: prompt %s, %s", request_id, size, params)
+        return self.async_engine.generate(prompt, params, request_id=request_id, **kw)
 
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #81463c5e
@@ -339,7 +365,7 @@ async def _generation(st: AppState, request: Any, schema: type[BaseModel], handl
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     req = await _parse(request, schema, st.limits.max_request_bytes)
-    request_lora.set(resolve_model(st, req.model))  # the adapter (or None) this request's engine requests run through
+    request_lora.set(model_adapter(st, req.model))  # the adapter (or None) this request's engine requests run through
     try:
         res = await _unless_disconnected(request, handler(st, req))
     except APIError as e:
@@ -434,21 +460,21 @@ def _add_detokenize_route(app: Any, st: AppState) -> None:
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #797b3639
 def build_app(
-    async_engine: Any,
-    served_model_name: str,
-    api_key: str | None = None,
-    limits: ServerLimits | None = None,
-    reasoning_parser: str | None = None,
-    pooling: str | None = None,
-) -> Any:
-    """A FastAPI app serving `async_engine` under the model name `served_model_name`, within `limits`;
-    `reasoning_parser`: the name of the parser that splits chat replies into reasoning and answer;
-    `pooling`: how embeddings pool (None: as the checkpoint says)."""
+    async_engine: Any, served_model_name: str | Sequence[str], api_key: str | None = None,
+    limits: ServerLimits | None = None, reasoning_parser: str | None = None, pooling: str | None = None,
+    tool_call_parser: str | None = None, enable_auto_tool_choice: bool = True, chat_template: str | None = None,
+    generation_defaults: dict | None = None, enable_log_requests: bool = False,
+) -> Any:  # fmt: skip
+    """A FastAPI app serving `async_engine` under the names `served_model_name` (the first is the model's), within
+    `limits`; the other arguments set the `AppState` fields of the same meaning (parsers by name)."""
     fastapi = _need("fastapi")
-    parser = find_reasoning_parser(reasoning_parser) if reasoning_parser is not None else None
+    fields: dict[str, Any] = dict(enable_auto_tool_choice=enable_auto_tool_choice, pooling=pooling)
+    fields["chat_template"], fields["generation_defaults"] = chat_template, dict(generation_defaults or {})
+    fields["reasoning_parser"] = find_reasoning_parser(reasoning_parser) if reasoning_parser is not None else None
+    fields["tool_parser"] = find_tool_parser(tool_call_parser) if tool_call_parser is not None else None
     app = fastapi.FastAPI(title="litellama", lifespan=_lifespan(async_engine))
-    st = app.state.litellama = _app_state(async_engine, served_model_name, limits)
-    st.reasoning_parser, st.pooling = parser, pooling
+    handled = RequestLog(async_engine) if enable_log_requests else async_engine
+    st = app.state.litellama = _app_state(handled, served_names(served_model_name), limits, **fields)
     _add_error_handlers(app)
     if api_key is not None:
         app.add_middleware(BearerAuth, api_key=api_key)
@@ -459,9 +485,8 @@ def build_app(
         return app.openapi_schema
 
     app.openapi = openapi
-    _add_model_routes(app, st)
-    _add_generation_routes(app, st)
-    _add_status_routes(app, st)
+    for add_routes in (_add_model_routes, _add_generation_routes, _add_status_routes):
+        add_routes(app, st)
     _add_tokenize_route(app, st)
     _add_detokenize_route(app, st)
     return app
@@ -484,55 +509,91 @@ def _quiet_loop() -> None:
 
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #eefeabe8
-def _run_uvicorn(uvicorn: Any, app: Any, host: str, port: int) -> None:
+def _run_uvicorn(uvicorn: Any, app: Any, host: str, port: int, level: str = "info") -> None:
     "Serve `app` until SIGTERM or Ctrl-C; a requested shutdown is no error (see above)."
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    config = uvicorn.Config(app, host=host, port=port, log_level=level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     stopped = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: stopped.append(s))
     uvicorn.Server(config).run()
 
 
-# %% ../../../nbs/15h_openai_api_server.ipynb #b634d486
-def serve(
-    model_dir: str | Path | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    served_model_name: str | None = None,
-    limits: ServerLimits | None = None,
-    allowed_local_media_path: str | None = None,
-    reasoning_parser: str | None = None,
-    pooling: str | None = None,
-    lora_modules: list | dict | None = None,
-    **engine_options: Any,
-) -> int:
-    """Load `model_dir` (default: the bundled model) and serve it over HTTP until SIGTERM or Ctrl-C; `lora_modules`
-    (`name=path` items) are adapters served as models of their own (with `enable_lora=True`)."""
-    uvicorn = _need("uvicorn")
+# %% ../../../nbs/15h_openai_api_server.ipynb #75c7782c
+def _check_serve_options(
+    reasoning_parser: str | None, tool_call_parser: str | None, pooling: str | None, uvicorn_log_level: str,
+    generation_config: str, lora_modules: list | dict | None, enable_lora: bool,
+) -> dict:  # fmt: skip
+    "The options that name something, checked before the model loads (one line for the first that is wrong); the LoRAs."
     if reasoning_parser is not None:
-        find_reasoning_parser(reasoning_parser)  # a wrong name fails before the model loads
+        find_reasoning_parser(reasoning_parser)
+    if tool_call_parser is not None:
+        find_tool_parser(tool_call_parser)
     if pooling is not None and pooling not in POOLING_TYPES:
         raise ValueError(f"pooling must be one of {', '.join(POOLING_TYPES)}, got {pooling!r}")
+    if uvicorn_log_level not in UVICORN_LOG_LEVELS:
+        raise ValueError(f"uvicorn log level must be one of {', '.join(UVICORN_LOG_LEVELS)}, got {uvicorn_log_level!r}")
+    if generation_config not in ("auto", "vllm"):
+        read_generation_defaults(generation_config, generation_config)  # a folder without the file fails here
     loras = parse_lora_modules(lora_modules)
-    if loras and not engine_options.get("enable_lora"):
+    if loras and not enable_lora:
         raise ValueError("--lora-modules needs --enable-lora")
-    _need("fastapi")
-    _need("prometheus_client")
-    from litellama.engine.async_engine import AsyncLLMEngine
+    return loras
 
-    engine = AsyncLLMEngine.from_pretrained(model_dir, **engine_options)  # type: ignore[attr-defined]
-    name = served_model_name or (engine.engine.model_dir.name if engine.engine.model_dir else "litellama")
-    app = build_app(engine, name, api_key=api_key, limits=limits, reasoning_parser=reasoning_parser, pooling=pooling)
-    app.state.litellama.allowed_local_media_path = allowed_local_media_path  # image files may come from here only
-    st = app.state.litellama
+
+# %% ../../../nbs/15h_openai_api_server.ipynb #37981be7
+def default_model_name(async_engine: Any) -> str:
+    "The model's name when none is given: as the user named it (the engine's `model_name`), else its folder's name."
+    eng = async_engine.engine
+    given = getattr(eng, "model_name", None)
+    return given or (Path(eng.model_dir).name if eng.model_dir else "litellama")
+
+
+def _generation_defaults(model_dir: str | Path | None, source: str) -> dict:
+    "The sampling defaults `--generation-config` names (the checkpoint's own for `auto`), logged in one line."
+    defaults = {} if model_dir is None and source == "auto" else read_generation_defaults(model_dir or "", source)
+    log.info("generation defaults (--generation-config %s): %s", source, defaults or "none")
+    return defaults
+
+
+def _add_loras(async_engine: Any, st: AppState, loras: dict) -> None:
+    "Read and check the start-up adapters (`--lora-modules`) before the server answers."
     for lora_name, path in loras.items():
         try:
             r = new_adapter(st, lora_name, path)
         except ValueError as e:
             raise ValueError(f"--lora-modules: {e}") from None
-        engine.engine.lora.add(r)  # read and checked before the server answers
+        async_engine.engine.lora.add(r)
         st.loras[lora_name] = r
+
+
+# %% ../../../nbs/15h_openai_api_server.ipynb #b634d486
+def serve(
+    model_dir: str | Path | None = None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+    served_model_name: str | Sequence[str] | None = None, limits: ServerLimits | None = None,
+    allowed_local_media_path: str | None = None, reasoning_parser: str | None = None, pooling: str | None = None,
+    lora_modules: list | dict | None = None, tool_call_parser: str | None = None, enable_auto_tool_choice: bool = True,
+    chat_template: str | None = None, generation_config: str = "auto", uvicorn_log_level: str = "info",
+    enable_log_requests: bool = False, **engine_options: Any,
+) -> int:  # fmt: skip
+    """Load `model_dir` (a folder or a hub id; default: the bundled model) and serve it over HTTP until SIGTERM or
+    Ctrl-C; `lora_modules` (`name=path` items, with `enable_lora=True`) are adapters served as models of their own."""
+    uvicorn = _need("uvicorn")
+    options = (reasoning_parser, tool_call_parser, pooling, uvicorn_log_level, generation_config, lora_modules)
+    loras = _check_serve_options(*options, engine_options.get("enable_lora", False))
+    template = read_chat_template(chat_template)
+    _need("fastapi")
+    _need("prometheus_client")
+    from litellama.engine.async_engine import AsyncLLMEngine
+
+    engine = AsyncLLMEngine.from_pretrained(model_dir, **engine_options)  # type: ignore[attr-defined]
+    app = build_app(
+        engine, served_model_name or default_model_name(engine), api_key, limits, reasoning_parser, pooling,
+        tool_call_parser=tool_call_parser, enable_auto_tool_choice=enable_auto_tool_choice, chat_template=template,
+        generation_defaults=_generation_defaults(engine.engine.model_dir, generation_config),
+        enable_log_requests=enable_log_requests,
+    )  # fmt: skip
+    app.state.litellama.allowed_local_media_path = allowed_local_media_path  # image files may come from here only
+    _add_loras(engine, app.state.litellama, loras)
     _quiet_loop()
-    _run_uvicorn(uvicorn, app, host, port)
+    _run_uvicorn(uvicorn, app, host, port, uvicorn_log_level)
     return 0
