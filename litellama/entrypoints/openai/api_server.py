@@ -10,7 +10,6 @@ __all__ = [
     "DISCONNECT_POLL_S",
     "GRACEFUL_SHUTDOWN_S",
     "SWITCH_INTERVAL_S",
-    "ServerMetrics",
     "BearerAuth",
     "RequestLog",
     "build_app",
@@ -24,7 +23,7 @@ import json
 import logging
 import secrets
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +58,7 @@ from .chat import chat_completions
 from .chat_utils import chat_prompt, prompt_ids
 from .completions import completions
 from .embeddings import embeddings
+from .metrics import ServerMetrics
 from .openapi import openapi_spec
 from .reasoning_parsers import reasoning_parser as find_reasoning_parser
 from .responses import responses
@@ -66,88 +66,6 @@ from .serving import AppState, model_adapter, request_lora
 from .tool_parsers import tool_parser as find_tool_parser
 
 log = logging.getLogger("litellama")
-
-# %% ../../../nbs/15h_openai_api_server.ipynb #edb55271
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)  # seconds: TTFT, end to end
-_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5)
-
-
-# %% ../../../nbs/15h_openai_api_server.ipynb #a7c8ba9d
-class ServerMetrics:
-    "The server's Prometheus metrics, in a registry of their own."
-
-    def __init__(self, async_engine: Any):
-        pc = _need("prometheus_client")
-        self.registry = r = pc.CollectorRegistry()
-        self.requests = pc.Counter(
-            "litellama_requests",
-            "Finished HTTP generation requests by outcome (success, aborted, error)",
-            ["endpoint", "outcome"],
-            registry=r,
-        )
-        self.finish = pc.Counter("litellama_finish_reason", "Completions by finish reason", ["reason"], registry=r)
-        self.prompt_tokens = pc.Counter("litellama_prompt_tokens", "Prompt tokens processed", registry=r)
-        self.generation_tokens = pc.Counter("litellama_generation_tokens", "Tokens generated", registry=r)
-        hist = lambda name, doc, buckets: pc.Histogram(name, doc, buckets=buckets, registry=r)
-        self.ttft = hist("litellama_time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS)
-        self.tpot = hist(
-            "litellama_time_per_output_token_seconds", "Time per output token after the first", _TPOT_BUCKETS
-        )
-        self.e2e = hist("litellama_e2e_request_latency_seconds", "End-to-end request latency", _LATENCY_BUCKETS)
-        r.register(_EngineCollector(async_engine))
-
-    def render(self) -> bytes:
-        "The metrics in Prometheus' text format."
-        return _need("prometheus_client").generate_latest(self.registry)
-
-
-# %% ../../../nbs/15h_openai_api_server.ipynb #8e7b5c93
-class _EngineCollector:
-    "Gauges and counters of the engine's state, read at scrape time."
-
-    def __init__(self, async_engine: Any):
-        self.async_engine = async_engine
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        s = self.async_engine.stats
-        g = lambda n, d, v: GaugeMetricFamily(n, d, value=v)
-        yield g("litellama_num_requests_running", "Sequences running in the engine", s.num_running)
-        yield g("litellama_num_requests_waiting", "Sequences waiting in the engine", s.num_waiting)
-        yield g("litellama_kv_cache_free_blocks", "Free KV-cache blocks", s.num_free_blocks)
-        yield g("litellama_kv_cache_total_blocks", "KV-cache blocks in all", s.num_total_blocks)
-        yield g(
-            "litellama_kv_cache_usage_ratio",
-            "Fraction of KV-cache blocks in use",
-            1 - s.num_free_blocks / max(s.num_total_blocks, 1),
-        )
-        yield CounterMetricFamily(
-            "litellama_prefix_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache",
-            value=s.prefix_cache_hit_tokens,
-        )
-        yield CounterMetricFamily("litellama_num_preemptions", "Sequences preempted", value=s.num_preemptions)
-        if s.spec is not None:
-            yield from _spec_metrics(s.spec)
-
-
-def _spec_metrics(st: Any) -> Iterator[Any]:
-    "Speculative decoding's counters, with vLLM's names: drafts, draft tokens, accepted tokens (also per position)."
-    from prometheus_client.core import CounterMetricFamily
-
-    c = lambda name, doc, v: CounterMetricFamily(f"litellama:spec_decode_{name}", doc, value=v)
-    yield c("num_drafts", "Sequence steps that carried drafts", st.num_drafts)
-    yield c("num_draft_tokens", "Draft tokens proposed", st.num_draft_tokens)
-    yield c("num_accepted_tokens", "Draft tokens accepted", st.num_accepted_tokens)
-    per = CounterMetricFamily(
-        "litellama:spec_decode_num_accepted_tokens_per_pos",
-        "Draft tokens accepted at each position",
-        labels=["position"],
-    )
-    for i, n in enumerate(st.accepted_per_position):
-        per.add_metric([str(i)], n)
-    yield per
 
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #051adb99
@@ -379,6 +297,26 @@ async def _generation(st: AppState, request: Any, schema: type[BaseModel], handl
     return StreamingResponse(res, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
+# %% ../../../nbs/15h_openai_api_server.ipynb #5a32a0e1
+_INVOCATIONS = {
+    "input": (EmbeddingRequest, embeddings),
+    "messages": (ChatRequest, chat_completions),
+    "prompt": (CompletionRequest, completions),
+}
+
+
+def _invocation_kind(raw: bytes) -> str:
+    "Which endpoint an `/invocations` body is for: the first of `input`, `messages`, `prompt` it holds."
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    kind = next((k for k in _INVOCATIONS if isinstance(body, dict) and k in body), None)
+    if kind is None:
+        raise APIError("an /invocations body needs one of `input`, `messages` or `prompt`")
+    return kind
+
+
 # %% ../../../nbs/15h_openai_api_server.ipynb #3072d9ec
 def _add_generation_routes(app: Any, st: AppState) -> None:
     from fastapi import Request
@@ -399,10 +337,15 @@ def _add_generation_routes(app: Any, st: AppState) -> None:
     async def _embeddings(request: Request) -> Any:
         return await _generation(st, request, EmbeddingRequest, embeddings)
 
+    @app.post("/invocations")
+    async def _invocations(request: Request) -> Any:  # SageMaker's one route, as vLLM serves it
+        schema, handler = _INVOCATIONS[_invocation_kind(await request.body())]
+        return await _generation(st, request, schema, handler)
+
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #7db49a7d
 def _add_status_routes(app: Any, st: AppState) -> None:
-    "`/health` (503 once the engine stopped) and `/metrics`."
+    "`/health` (503 once the engine stopped), `/metrics`, and vLLM's `/version` and `/load` (requests in the engine)."
     from fastapi.responses import JSONResponse, Response
 
     @app.get("/health")
@@ -422,6 +365,17 @@ def _add_status_routes(app: Any, st: AppState) -> None:
     @app.get("/metrics")
     async def metrics() -> Any:
         return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/version")
+    async def version() -> dict:
+        from importlib.metadata import version
+
+        return {"version": version("litellama")}
+
+    @app.get("/load")
+    async def load() -> dict:
+        s = st.engine.stats
+        return {"server_load": s.num_running + s.num_waiting}
 
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #0fef701c
