@@ -44,11 +44,13 @@ from litellama.entrypoints.openai.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
-    ResponsesRequest,
     ServerLimits,
     TokenizeRequest,
     _need,
     max_token_chars,
+)
+from litellama.entrypoints.openai.responses_protocol import (
+    ResponsesRequest,
 )
 
 from ...config import UVICORN_LOG_LEVELS, read_chat_template, served_names
@@ -139,7 +141,7 @@ class BearerAuth:
     """ASGI middleware: an HTTP request without `Authorization: Bearer <api_key>` gets OpenAI's 401, except on the
     `open_paths`; the others pass to `app` untouched, streams included."""
 
-    def __init__(self, app: Any, api_key: str, open_paths: Iterable[str] = ("/health", "/metrics")):
+    def __init__(self, app: Any, api_key: str, open_paths: Iterable[str] = ("/health", "/metrics", "/version")):
         self.app, self.key, self.open_paths = app, api_key.encode(), set(open_paths)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:

@@ -18,11 +18,14 @@ from functools import partial
 from typing import Any
 
 from litellama.entrypoints.openai.chat_utils import (
+    TokenIdNames,
     _content,
     chat_logprobs,
     chat_prompt_ids,
     check_length,
     template_has_tools,
+    template_text,
+    truncate_prompt,
 )
 from litellama.entrypoints.openai.serving import (
     AppState,
@@ -32,15 +35,20 @@ from litellama.entrypoints.openai.serving import (
     _outputs,
     _Run,
     _usage,
+    budget_is_default,
     check_token_ids,
+    model_adapter,
+    request_lora,
     sampling_params,
+    scored_prompts,
+    served_name,
 )
 from litellama.entrypoints.openai.tool_parsers import (
     ToolParser,
+    load_tool_parsers,
     parse_tool_calls,
     tool_call_schema,
     tool_choice_of,
-    tool_parser_for,
 )
 
 from ...engine.structured_outputs import StructuredOutputsParams
@@ -73,16 +81,21 @@ def _forced_calls(text: str, mode: str, name: str | None) -> list[dict] | None:
 
 # %% ../../../nbs/15g_openai_chat.ipynb #5247bbc5
 def _chat_message(
-    text: str, mode: str, name: str | None, parser: Callable[[], ToolParser] | None, reason: str | None
+    text: str,
+    mode: str,
+    name: str | None,
+    parser: Callable[[], ToolParser] | None,
+    reason: str | None,
+    parallel: bool = True,
 ) -> tuple[dict, str | None]:
-    "`(message, finish_reason)` of a whole reply, its tool calls taken out (forced, or by the parser under `auto`)."
+    """`(message, finish_reason)` of a whole reply, its tool calls taken out (forced, or by the parser under `auto`);
+    without `parallel` an `auto` reply keeps its first call only."""
     calls: list[dict] | None = None
     if mode in ("named", "required"):
         calls = _forced_calls(text, mode, name)
     elif mode == "auto" and parser is not None:
-        content, found = parse_tool_calls(text, parser)
-        if found:
-            text, calls = content, found
+        text, calls = parse_tool_calls(text, parser)  # a parser's content is the answer (harmony: not its markup)
+        calls = calls if parallel else calls[:1]
     if not calls:
         return {"role": "assistant", "content": text}, _finish(reason)
     shown = text if mode == "auto" and text.strip() else None
@@ -102,10 +115,10 @@ def _chat_top_logprobs(req: ChatRequest) -> int | None:
 
 
 # %% ../../../nbs/15g_openai_chat.ipynb #c66690c5
-def _offered_tools(req: ChatRequest, mode: str, tokenizer: Any) -> list[Tool] | None:
-    "The tools the prompt shows: forced ones always, `auto` ones when the template takes them."
+def _offered_tools(req: ChatRequest, mode: str, tokenizer: Any, template: str | None = None) -> list[Tool] | None:
+    "The tools the prompt shows: forced ones always, `auto` ones when the chat template takes them."
     forced = mode in ("named", "required")
-    return req.tools if forced or (mode == "auto" and template_has_tools(tokenizer)) else None
+    return req.tools if forced or (mode == "auto" and template_has_tools(tokenizer, template)) else None
 
 
 # %% ../../../nbs/15g_openai_chat.ipynb #62c54982
@@ -133,6 +146,10 @@ class _ChatSettings:
     nlp: int  # alternatives per token
     reasoning: type[ReasoningParser] | None = None  # the server's reasoning parser
     prompt_opened: bool = False  # the prompt ends by opening the reasoning block
+    raw_to_tools: bool = False  # the tool parser reads the whole reply (both parsers read one markup: harmony)
+    parallel: bool = True  # `parallel_tool_calls`: may an `auto` reply hold several calls?
+    echo: str = ""  # `echo`: the final assistant message the reply continues, put in front of it
+    token_ids: bool = False  # `return_token_ids`: each choice's token ids
 
     def reasoning_parser(self) -> ReasoningParser | None:
         return self.reasoning(self.prompt_opened) if self.reasoning is not None else None
@@ -150,10 +167,14 @@ async def _chat_choices(c: _ChatSettings, first: tuple[int, Any] | None, it: Asy
     text, toks, lps, reasons = await _collect(_outputs(first, it), lambda i, out: out.index)
     choices = []
     for k in range(c.n):
-        rp, reply, thought = c.reasoning_parser(), text.get(k, ""), None
+        rp, raw, thought = c.reasoning_parser(), text.get(k, ""), None
+        reply = raw
         if rp is not None:
-            thought, reply = rp.split(reply)
-        message, reason = _chat_message(reply, c.mode, c.fname, c.parser, reasons.get(k))
+            thought, reply = rp.split(raw)
+        text_in = raw if c.raw_to_tools else reply
+        message, reason = _chat_message(text_in, c.mode, c.fname, c.parser, reasons.get(k), c.parallel)
+        if c.echo and isinstance(message["content"], str):
+            message["content"] = c.echo + message["content"]
         if rp is not None:
             message["reasoning_content"] = thought or None
         choices.append(
@@ -164,6 +185,7 @@ async def _chat_choices(c: _ChatSettings, first: tuple[int, Any] | None, it: Asy
                 "logprobs": {"content": chat_logprobs(c.tokenizer, toks.get(k, []), lps.get(k, []), c.nlp)}
                 if c.logprobs
                 else None,
+                **({"token_ids": toks.get(k, [])} if c.token_ids else {}),
             }
         )
     return choices
@@ -184,16 +206,19 @@ def _split_delta(rp: ReasoningParser | None, delta: str, finished: bool) -> tupl
 # %% ../../../nbs/15g_openai_chat.ipynb #1b2d1048
 async def _chat_chunks(c: _ChatSettings, first: tuple[int, Any] | None, it: AsyncIterator) -> AsyncIterator[list[dict]]:
     "The choice lists of a streamed chat."
-    tools = {k: _ToolStream(c.mode, c.fname, c.parser) for k in range(c.n)} if c.mode != "none" else {}
+    tools = {k: _ToolStream(c.mode, c.fname, c.parser, c.parallel) for k in range(c.n)} if c.mode != "none" else {}
     thinking = {k: rp for k in range(c.n) if (rp := c.reasoning_parser()) is not None}
     for k in range(c.n):
         yield [{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+        if c.echo:
+            yield [{"index": k, "delta": {"content": c.echo}, "logprobs": None, "finish_reason": None}]
     async for _, out in _outputs(first, it):
         if not (out.delta or out.token_ids or out.finished):
             continue
         lp = {"content": chat_logprobs(c.tokenizer, out.token_ids, out.logprobs or [], c.nlp)} if c.logprobs else None
         k, reason = out.index, _finish(out.finish_reason) if out.finished else None
         thought, text = _split_delta(thinking.get(k), out.delta, out.finished)
+        text = out.delta if c.raw_to_tools else text
         deltas = [{"reasoning_content": thought}] if thought else []
         deltas += tools[k].feed(text, out.finished) if k in tools else [{"content": text}] if text else []
         if out.finished and k in tools:
@@ -202,9 +227,42 @@ async def _chat_chunks(c: _ChatSettings, first: tuple[int, Any] | None, it: Asyn
             deltas = [{} if out.finished else {"content": ""}]
         for j, d in enumerate(deltas):
             last = j == len(deltas) - 1
+            ids = {"token_ids": out.token_ids if last else []} if c.token_ids else {}
             yield [
-                {"index": k, "delta": d, "logprobs": lp if last else None, "finish_reason": reason if last else None}
+                {
+                    "index": k,
+                    "delta": d,
+                    "logprobs": lp if last else None,
+                    "finish_reason": reason if last else None,
+                    **ids,
+                }
             ]
+
+
+# %% ../../../nbs/15g_openai_chat.ipynb #e22c1597
+_AUTO_REFUSED = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+_UNTRUSTED = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
+
+
+def _chat_template(st: AppState, req: ChatRequest) -> str | None:
+    "The template a chat renders with, unless the tokenizer's: the request's own (where trusted), else the server's."
+    if req.chat_template is not None and not st.trust_request_chat_template:
+        raise APIError(_UNTRUSTED, param="chat_template")
+    return req.chat_template or st.chat_template
+
+
+def _chat_tools(st: AppState, req: ChatRequest, template: str) -> tuple[str, str | None, type[ToolParser] | None]:
+    "`(mode, function name, call format)` of a chat's tools; `template`: the chat template's text."
+    fmt = st.tool_parser or next((p for p in load_tool_parsers().values() if p.recognizes(template)), None)
+    if req.tools is not None and not req.tools:
+        raise APIError("tools must hold at least one tool (leave it out for none)", param="tools")
+    mode, fname = tool_choice_of(req)
+    if mode == "auto" and not (st.enable_auto_tool_choice and fmt is not None):
+        raise APIError(_AUTO_REFUSED, param="tool_choice")
+    return mode, fname, fmt
 
 
 # %% ../../../nbs/15g_openai_chat.ipynb #0b47dfaf
@@ -217,35 +275,66 @@ class ChatStart:
     it: AsyncGenerator
     settings: _ChatSettings
     prompt_tokens: int
+    prompt_ids: list | None = None  # the prompt's token ids
+    prompt_logprobs: list | None = None  # vLLM's `prompt_logprobs` of the prompt, when asked
 
 
+# %% ../../../nbs/15g_openai_chat.ipynb #2b008cca
+def _echoed(req: ChatRequest) -> str:
+    "With `echo`: the final message's text when it is the assistant's (the reply continues it), else ''."
+    last = req.messages[-1]
+    return _content(last) if req.echo and last.role == "assistant" else ""
+
+
+async def _chat_ids(st: AppState, req: ChatRequest, offered: list[Tool] | None, template: str | None) -> list:
+    "A chat's prompt ids (maybe `TokensWithImages`): rendered with the request's template flags, then truncated."
+    eng = st.engine.engine
+    flags = {"add_generation_prompt": req.add_generation_prompt, "continue_final_message": req.continue_final_message}
+    render = lambda: chat_prompt_ids(st, eng, req.messages, offered, req.chat_template_kwargs, template, flags)
+    ids = await asyncio.to_thread(render)
+    return truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side, eng.max_model_len)
+
+
+def _chat_settings(st: AppState, req: ChatRequest, n: int, tools: tuple, nlp: int | None) -> _ChatSettings:
+    "What a chat's choices need from its request; `tools`: `(mode, function name, parser)`."
+    mode, fname, parser = tools
+    tok = TokenIdNames() if req.return_tokens_as_token_ids else st.engine.engine.tokenizer
+    c = _ChatSettings(n, mode, fname, parser, tok, req.logprobs, nlp or 0, st.reasoning_parser)
+    c.parallel, c.echo, c.token_ids = req.parallel_tool_calls, _echoed(req), req.return_token_ids
+    return c
+
+
+# %% ../../../nbs/15g_openai_chat.ipynb #7201eee8
 async def start_chat(st: AppState, req: ChatRequest, endpoint: str = "chat_completions") -> ChatStart:
     "Admit a chat (every problem a 400) and start it; it is running once its first output came."
+    request_lora.set(model_adapter(st, req.model))  # a 404 for a model this server does not serve
     eng = st.engine.engine
     nlp = _chat_top_logprobs(req)
-    mode, fname = tool_choice_of(req)
+    template = _chat_template(st, req)
+    mode, fname, fmt = _chat_tools(st, req, template_text(eng.tokenizer, template))
     schema = tool_call_schema(req.tools, mode, fname, req.parallel_tool_calls)
     grammar = StructuredOutputsParams(json=schema) if schema is not None else None
-    params = sampling_params(req, default_max_tokens=None, logprobs=nlp, limits=st.limits, tool_grammar=grammar)
+    defaults = st.generation_defaults
+    params = sampling_params(req, logprobs=nlp, limits=st.limits, tool_grammar=grammar, defaults=defaults)
     check_token_ids(params, eng.config.vocab_size)
     check_chars(sum(len(_content(m)) for m in req.messages), eng.max_model_len, st.token_chars, st.limits, "messages")
-    fmt = tool_parser_for(eng.tokenizer)
     parser = partial(fmt, req.tools) if fmt is not None else None
-    if fmt is not None and fmt.special_tokens and mode == "auto":
-        params.skip_special_tokens = False  # the parser reads the markup; it hands back only content and calls
-    offered = _offered_tools(req, mode, eng.tokenizer)
-    ids = await asyncio.to_thread(
-        lambda: chat_prompt_ids(st, eng, req.messages, offered, req.chat_template_kwargs)
-    )  # maybe TokensWithImages
-    check_length(eng, ids, params)
-    c = _ChatSettings(params.n, mode, fname, parser, eng.tokenizer, req.logprobs, nlp or 0, st.reasoning_parser)
+    rp = st.reasoning_parser
+    marked = fmt is not None and fmt.special_tokens and mode == "auto"
+    if marked or (rp is not None and rp.special_tokens):
+        params.skip_special_tokens = False  # the parsers read the markup; they hand back only content and calls
+    ids = await _chat_ids(st, req, _offered_tools(req, mode, eng.tokenizer, template), template)
+    check_length(eng, ids, params, fit=budget_is_default(req, defaults))
+    prompt_lp = (await scored_prompts(st, [ids], req.prompt_logprobs))[0]  # before the run: a failure aborts nothing
+    c = _chat_settings(st, req, params.n, (mode, fname, parser), nlp)
     c.prompt_opened = c.reasoning is not None and _opens_reasoning(eng.tokenizer, ids)
+    c.raw_to_tools = marked and rp is not None and rp.special_tokens
     so = params.structured_outputs
     if c.reasoning is not None and isinstance(so, StructuredOutputsParams):  # the grammar holds after the reasoning
         so.reasoning = c.reasoning.grammar_tags(eng.tokenizer, c.prompt_opened)
     run = _Run(st, [ids], params, endpoint)
     first, it = await _chat_first(run, grammar)
-    return ChatStart(run, first, it, c, len(ids))
+    return ChatStart(run, first, it, c, len(ids), list(ids), prompt_lp)
 
 
 # %% ../../../nbs/15g_openai_chat.ipynb #63724f71
@@ -256,8 +345,10 @@ async def chat_completions(st: AppState, req: ChatRequest) -> dict | AsyncIterat
     usage = lambda: _usage(s.prompt_tokens, s.run.num_out)
     if not req.stream:
         choices = await _chat_choices(s.settings, s.first, s.it)
-        body = {"id": cid, "object": "chat.completion", "created": created, "model": st.model_name}
-        return {**body, "choices": choices, "usage": usage()}
+        body = {"id": cid, "object": "chat.completion", "created": created, "model": served_name(st)}
+        extras: dict[str, Any] = {"prompt_logprobs": s.prompt_logprobs} if s.prompt_logprobs is not None else {}
+        extras.update({"prompt_token_ids": s.prompt_ids} if req.return_token_ids else {})
+        return {**body, "choices": choices, "usage": usage(), **extras}
     chunks = lambda: _chat_chunks(s.settings, s.first, s.it)
     return _event_stream(st, req, cid, created, "chat.completion.chunk", chunks, s.it, usage)
 
@@ -266,8 +357,8 @@ async def chat_completions(st: AppState, req: ChatRequest) -> dict | AsyncIterat
 class _ToolStream:
     "One streamed choice's deltas under tools: content, and `tool_calls` deltas as calls complete."
 
-    def __init__(self, mode: str, name: str | None, parser: Callable[[], ToolParser] | None):
-        self.mode, self.name, self.calls, self.text = mode, name, 0, ""
+    def __init__(self, mode: str, name: str | None, parser: Callable[[], ToolParser] | None, parallel: bool = True):
+        self.mode, self.name, self.calls, self.text, self.parallel = mode, name, 0, "", parallel
         self.parser = parser() if mode == "auto" and parser is not None else None
 
     def feed(self, delta: str, finished: bool) -> list[dict]:
@@ -286,7 +377,7 @@ class _ToolStream:
 
     def _call_deltas(self, calls: list[dict]) -> list[dict]:
         out = []
-        for c in calls:
+        for c in calls if self.parallel or self.mode != "auto" else calls[: max(0, 1 - self.calls)]:
             out.append({"tool_calls": [{"index": self.calls, "id": _call_id(), "type": "function", "function": c}]})
             self.calls += 1
         return out

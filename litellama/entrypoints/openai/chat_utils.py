@@ -6,17 +6,21 @@ Docs: https://litellama.github.io/litellama/nbs/openai_chat_utils.html.md"""
 
 # %% auto #0
 __all__ = [
+    "template_text",
     "template_has_tools",
     "with_tools",
     "chat_prompt",
     "prompt_ids",
     "check_length",
+    "truncate_prompt",
     "split_prompts",
     "chat_prompt_ids",
     "completion_logprobs",
     "echo_logprobs",
     "join_logprobs",
     "chat_logprobs",
+    "TokenIdNames",
+    "prompt_logprob_entries",
 ]
 
 # %% ../../../nbs/15d_openai_chat_utils.ipynb #1d88d91a
@@ -61,23 +65,31 @@ def _message(m: Message) -> dict:
         d["tool_call_id"] = m.tool_call_id
     if m.role == "tool" and m.name is not None:
         d["name"] = m.name
+    reasoning = m.reasoning or m.reasoning_content
+    if reasoning:
+        d["reasoning"] = d["reasoning_content"] = reasoning  # templates read one name or the other
     return d
 
 
 # %% ../../../nbs/15d_openai_chat_utils.ipynb #6e9d4cb1
-def template_has_tools(tokenizer: Any) -> bool:
-    "Does the chat template use a `tools` argument?"
-    return "tools" in str(getattr(tokenizer, "chat_template", None) or "")
+def template_text(tokenizer: Any, template: str | None = None) -> str:
+    "The chat template a chat renders with: `template` (the server's or the request's) if given, else the tokenizer's."
+    return template or str(getattr(tokenizer, "chat_template", None) or "")
+
+
+def template_has_tools(tokenizer: Any, template: str | None = None) -> bool:
+    "Does the chat template (`template`, else the tokenizer's) use a `tools` argument?"
+    return "tools" in template_text(tokenizer, template)
 
 
 # %% ../../../nbs/15d_openai_chat_utils.ipynb #7e3fbf52
-def with_tools(tokenizer: Any, msgs: list, tools: list[Tool] | None) -> tuple[list, dict]:
+def with_tools(tokenizer: Any, msgs: list, tools: list[Tool] | None, template: str | None = None) -> tuple[list, dict]:
     """`(msgs, template kwargs)` offering `tools`: through the template's own `tools` argument, or for a template
     without one as a system message listing the functions and their schemas."""
     if not tools:
         return msgs, {}
     specs = [t.model_dump(exclude_none=True) for t in tools]
-    if template_has_tools(tokenizer):
+    if template_has_tools(tokenizer, template):
         return msgs, {"tools": specs}
     text = "Functions you can call (name, parameters: JSON schema):\n" + json.dumps(
         [s["function"] for s in specs], ensure_ascii=False, separators=(",", ":")
@@ -94,15 +106,28 @@ def chat_prompt(
     add_generation_prompt: bool = True,
     tools: list[Tool] | None = None,
     template_kwargs: dict | None = None,
+    template: str | None = None,
+    continue_final_message: bool = False,
 ) -> str:
-    "The prompt text for a list of chat messages, offering `tools` (pydantic `Tool`s) if given."
+    """A chat's prompt text, offering `tools` (pydantic `Tool`s) if given, in `template` (else the tokenizer's);
+    with `continue_final_message` it ends inside the final message, which the reply then continues."""
+    if add_generation_prompt and continue_final_message:
+        msg = "add_generation_prompt and continue_final_message cannot both be true: set add_generation_prompt false"
+        raise APIError(msg, param="continue_final_message")
     kw = _template_kwargs(template_kwargs, tokenizer)
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+    if tokenizer is None or not template_text(tokenizer, template):
         raise APIError("this model has no chat template; use /v1/completions", param="messages")
-    msgs, tool_kw = with_tools(tokenizer, [_message(m) for m in messages], tools)
+    msgs, tool_kw = with_tools(tokenizer, [_message(m) for m in messages], tools, template)
+    if template:
+        kw["chat_template"] = template
     try:
         return tokenizer.apply_chat_template(
-            msgs, add_generation_prompt=add_generation_prompt, tokenize=False, **kw, **tool_kw
+            msgs,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **kw,
+            **tool_kw,
         )
     except Exception as e:
         raise APIError(f"could not apply the chat template: {e}", param="messages") from None
@@ -136,9 +161,11 @@ def prompt_ids(engine: Any, prompt: str | list[int], chat: bool = False) -> list
 
 
 # %% ../../../nbs/15d_openai_chat_utils.ipynb #32ecaaae
-def check_length(engine: Any, ids: list[int], params: SamplingParams) -> None:
-    "400 unless the prompt plus `max_tokens` fits the context."
+def check_length(engine: Any, ids: list[int], params: SamplingParams, fit: bool = False) -> None:
+    "400 unless the prompt plus `max_tokens` fits the context; with `fit`, `max_tokens` shrinks to fit instead."
     C = engine.max_model_len
+    if fit and params.max_tokens is not None and len(ids) < C:
+        params.max_tokens = min(params.max_tokens, C - len(ids))
     if len(ids) >= C:
         raise APIError(
             f"This model's maximum context length is {C} tokens; the prompt has {len(ids)} tokens.",
@@ -152,6 +179,20 @@ def check_length(engine: Any, ids: list[int], params: SamplingParams) -> None:
             param="max_tokens",
             code="context_length_exceeded",
         )
+
+
+# %% ../../../nbs/15d_openai_chat_utils.ipynb #2701920f
+def truncate_prompt(ids: list[int], keep: int | None, side: str | None, max_model_len: int) -> list[int]:
+    "`ids` cut to `keep` tokens (None: all; -1: the context length) from the `side` (left: keep the end)."
+    if keep is None:
+        return ids
+    if keep == 0 or keep < -1 or keep > max_model_len:
+        msg = f"truncate_prompt_tokens must be -1 or in [1, {max_model_len}] (the context length), got {keep}"
+        raise APIError(msg, param="truncate_prompt_tokens")
+    keep = max_model_len if keep == -1 else keep
+    if type(ids) is not list:  # TokensWithImages: cutting could split an image's placeholders
+        raise APIError("truncate_prompt_tokens does not apply to prompts with images", param="truncate_prompt_tokens")
+    return ids[:keep] if side == "right" else ids[-keep:]
 
 
 # %% ../../../nbs/15d_openai_chat_utils.ipynb #418d8863
@@ -183,21 +224,17 @@ def _part_dicts(messages: list[Message]) -> list[dict]:
     ]
 
 
-# %% ../../../nbs/15d_openai_chat_utils.ipynb #03984fc6
-def chat_prompt_ids(
+# %% ../../../nbs/15d_openai_chat_utils.ipynb #6e2b5b6a
+def _image_prompt_ids(
     st: Any,
     engine: Any,
     messages: list[Message],
-    tools: list[Tool] | None = None,
-    template_kwargs: dict | None = None,
+    tools: list[Tool] | None,
+    template_kwargs: dict | None,
+    template: str | None,
+    flags: dict,
 ) -> list[int]:
-    """Token ids of a chat; when its messages hold `image_url` parts, `TokensWithImages` (placeholders expanded,
-    images decoded). Images come as `data:image/...;base64,` URLs, local files only under the server's
-    `allowed_local_media_path`; remote URLs are refused (nothing is fetched). Every problem is a 400 naming it."""
-    if not _has_images(messages):
-        return prompt_ids(
-            engine, chat_prompt(engine.tokenizer, messages, tools=tools, template_kwargs=template_kwargs), chat=True
-        )
+    "`TokensWithImages` of a chat whose messages hold `image_url` parts (see `chat_prompt_ids`)."
     from litellama.models.interfaces import SupportsImages
     from litellama.multimodal.processing import TokensWithImages, chat_images, expand_placeholders
 
@@ -207,10 +244,16 @@ def chat_prompt_ids(
         msgs, images = chat_images(_part_dicts(messages), getattr(st, "allowed_local_media_path", None))
     except ValueError as e:
         raise APIError(str(e), param="messages") from None
-    msgs, kw = with_tools(engine.tokenizer, msgs, tools)
-    kw = {**_template_kwargs(template_kwargs, engine.tokenizer), **kw}
+    msgs, kw = with_tools(engine.tokenizer, msgs, tools, template)
+    kw = {
+        **_template_kwargs(template_kwargs, engine.tokenizer),
+        **kw,
+        **({"chat_template": template} if template else {}),
+    }
     try:
-        text = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
+        text = engine.tokenizer.apply_chat_template(
+            msgs, tokenize=False, **{"add_generation_prompt": True, **flags}, **kw
+        )
     except Exception as e:
         raise APIError(f"could not apply the chat template: {e}", param="messages") from None
     try:
@@ -218,6 +261,30 @@ def chat_prompt_ids(
     except ValueError as e:
         raise APIError(str(e), param="messages") from None
     return TokensWithImages(ids, images)
+
+
+# %% ../../../nbs/15d_openai_chat_utils.ipynb #03984fc6
+def chat_prompt_ids(
+    st: Any,
+    engine: Any,
+    messages: list[Message],
+    tools: list[Tool] | None = None,
+    template_kwargs: dict | None = None,
+    template: str | None = None,
+    flags: dict | None = None,
+) -> list[int]:
+    """Token ids of a chat; when its messages hold `image_url` parts, `TokensWithImages` (placeholders expanded,
+    images decoded). Images come as `data:image/...;base64,` URLs, local files only under the server's
+    `allowed_local_media_path`; remote URLs are refused (nothing is fetched). Every problem is a 400 naming it.
+    `template` (else the server's `chat_template`) replaces the tokenizer's; `flags`: `add_generation_prompt`,
+    `continue_final_message`."""
+    template, flags = template or getattr(st, "chat_template", None), flags or {}
+    if _has_images(messages):
+        return _image_prompt_ids(st, engine, messages, tools, template_kwargs, template, flags)
+    text = chat_prompt(
+        engine.tokenizer, messages, tools=tools, template_kwargs=template_kwargs, template=template, **flags
+    )
+    return prompt_ids(engine, text, chat=True)
 
 
 # %% ../../../nbs/15d_openai_chat_utils.ipynb #a65452f9
@@ -276,3 +343,28 @@ def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict], n:
         {**rec(tid, lp.get(tid, -math.inf)), "top_logprobs": [rec(t, v) for t, v in _top(lp, n)]}
         for tid, lp in zip(token_ids, logprobs, strict=False)
     ]
+
+
+# %% ../../../nbs/15d_openai_chat_utils.ipynb #8ccd9092
+class TokenIdNames:
+    "A stand-in tokenizer for logprobs: each token written `token_id:<id>`."
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(f"token_id:{i}" for i in ids)
+
+
+# %% ../../../nbs/15d_openai_chat_utils.ipynb #4b6b0b24
+def prompt_logprob_entries(tokenizer: Any, ids: list[int], prompt_lps: list, k: int) -> list[dict | None]:
+    "vLLM's `prompt_logprobs` for `k`: per token of `ids`, `{token_id: {logprob, rank, decoded_token}}` (first: None)."
+    out: list[dict | None] = [None]
+    for tid, lp in zip(ids[1:], prompt_lps[1:], strict=True):
+        outside = len(lp) > k  # the prompt's own token is not among the top k: its rank is unknown
+        top = sorted((t for t in lp if not (outside and t == tid)), key=lambda t: -lp[t])
+        rank = {t: r for r, t in enumerate(top, 1)}
+        out.append(
+            {
+                str(t): {"logprob": float(v), "rank": rank.get(t), "decoded_token": _tok_str(tokenizer, t)}
+                for t, v in lp.items()
+            }
+        )
+    return out

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from litellama.entrypoints.openai.chat_utils import (
+    TokenIdNames,
     check_length,
     completion_logprobs,
     echo_logprobs,
     join_logprobs,
     prompt_ids,
     split_prompts,
+    truncate_prompt,
 )
 from litellama.entrypoints.openai.serving import (
     AppState,
@@ -32,8 +34,13 @@ from litellama.entrypoints.openai.serving import (
     _outputs,
     _Run,
     _usage,
+    budget_is_default,
     check_token_ids,
+    model_adapter,
+    request_lora,
     sampling_params,
+    scored_prompts,
+    served_name,
 )
 
 from ...sampling_params import SamplingParams
@@ -53,19 +60,32 @@ async def _echo_logprobs(st: AppState, req: CompletionRequest, prompts: list[lis
     return [echo_logprobs(tok, ids, plp, req.logprobs) for ids, plp in zip(prompts, plps, strict=True)]
 
 
+# %% ../../../nbs/15f_openai_completions.ipynb #ee7738af
+def _prompt_field(req: CompletionRequest) -> str | list:
+    "The request's `prompt`; vLLM's `prompt_embeds` is refused (this engine takes text or token ids only)."
+    if req.prompt_embeds is not None:
+        raise APIError("prompt_embeds is not supported: send the prompt as text or token ids", param="prompt_embeds")
+    if req.prompt is None:
+        raise APIError("prompt is required", param="prompt")
+    return req.prompt
+
+
 # %% ../../../nbs/15f_openai_completions.ipynb #7dbbb3ee
 async def _completion_prompts(st: AppState, req: CompletionRequest, params: SamplingParams) -> tuple:
     "`(ids, heads, echo logprobs)` per prompt of a completion, checked against the context; heads: the echoed text."
     eng = st.engine.engine
-    raw = split_prompts(req.prompt)
+    raw = split_prompts(_prompt_field(req))
     for p in raw:
         if isinstance(p, str):
             check_chars(len(p), eng.max_model_len, st.token_chars, st.limits)
-    prompts = await asyncio.to_thread(lambda: [prompt_ids(eng, p) for p in raw])  # off the event loop
+    cut = lambda ids: truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side, eng.max_model_len)
+    prompts = await asyncio.to_thread(lambda: [cut(prompt_ids(eng, p)) for p in raw])  # off the event loop
+    fit = budget_is_default(req, st.generation_defaults)  # a default budget shrinks to fit the longest prompt
     for ids in prompts:
-        check_length(eng, ids, params)
+        check_length(eng, ids, params, fit)
+    whole = req.truncate_prompt_tokens is None  # else the echoed text is what is left of the prompt
     decode = lambda: [
-        p if isinstance(p, str) else eng.tokenizer.decode(ids) for p, ids in zip(raw, prompts, strict=True)
+        p if isinstance(p, str) and whole else eng.tokenizer.decode(ids) for p, ids in zip(raw, prompts, strict=True)
     ]
     heads = await asyncio.to_thread(decode) if req.echo else [""] * len(raw)
     return prompts, heads, await _echo_logprobs(st, req, prompts)
@@ -81,6 +101,8 @@ class _Prompts:
     heads: list[str]  # the echoed text of each prompt ("" without `echo`)
     echo_lp: list[dict | None]  # each prompt's own logprobs (`echo` with `logprobs`)
     lp: Callable[[list[int], list | None, int], dict | None]  # (token ids, logprobs, text offset) -> legacy logprobs
+    prompt_lp: list | None = None  # vLLM's `prompt_logprobs` of each prompt (None each when not asked)
+    token_ids: bool = False  # `return_token_ids`: the prompt's and the choice's token ids go with each choice
 
 
 # %% ../../../nbs/15f_openai_completions.ipynb #b8ce3aa3
@@ -89,6 +111,18 @@ def _completion_lp(
 ) -> dict | None:
     "The legacy logprobs of some generated tokens, or None when the request asked for none."
     return completion_logprobs(tokenizer, toks, lps or [], n_logprobs, offset) if n_logprobs is not None else None
+
+
+# %% ../../../nbs/15f_openai_completions.ipynb #b99b3dcc
+def _choice_extras(c: _Prompts, k: int, toks: list[int], first: bool = True) -> dict:
+    "vLLM's fields of choice `k` that its request asked for; the prompt's go only on a choice's `first` chunk."
+    p, out = k // c.n, {}
+    if first and c.prompt_lp is not None and c.prompt_lp[p] is not None:
+        out["prompt_logprobs"] = c.prompt_lp[p]
+    if c.token_ids:
+        out.update({"prompt_token_ids": c.prompts[p]} if first else {})
+        out["token_ids"] = list(toks)
+    return out
 
 
 # %% ../../../nbs/15f_openai_completions.ipynb #fb54b56e
@@ -106,6 +140,7 @@ async def _completion_choices(
             if req.logprobs is None
             else join_logprobs(c.echo_lp[k // n], c.lp(toks.get(k, []), lps.get(k), len(c.heads[k // n]))),
             "finish_reason": _finish(reasons.get(k)),
+            **_choice_extras(c, k, toks.get(k, [])),
         }
         for k in range(len(c.prompts) * n)
     ]
@@ -118,9 +153,12 @@ async def _completion_chunks(
     "The choice lists of a streamed completion: the echoed prompts first, then one per output."
     n = c.n
     offsets = {k: len(c.heads[k // n]) for k in range(len(c.prompts) * n)}  # text_offset: where each token starts
+    started = set()  # choices whose first chunk went out (it carries the prompt's ids)
     if req.echo:
         for k in range(len(c.prompts) * n):
-            yield [{"index": k, "text": c.heads[k // n], "logprobs": c.echo_lp[k // n], "finish_reason": None}]
+            head = {"index": k, "text": c.heads[k // n], "logprobs": c.echo_lp[k // n], "finish_reason": None}
+            yield [{**head, **_choice_extras(c, k, [])}]
+            started.add(k)
     async for i, out in _outputs(first, it):
         k = i * n + out.index
         if not (out.delta or out.token_ids or out.finished):
@@ -129,24 +167,30 @@ async def _completion_chunks(
         if lp and lp["tokens"]:
             offsets[k] = lp["text_offset"][-1] + len(lp["tokens"][-1])
         reason = _finish(out.finish_reason) if out.finished else None
-        yield [{"index": k, "text": out.delta, "logprobs": lp, "finish_reason": reason}]
+        extras = _choice_extras(c, k, out.token_ids, first=k not in started)
+        started.add(k)
+        yield [{"index": k, "text": out.delta, "logprobs": lp, "finish_reason": reason, **extras}]
 
 
 # %% ../../../nbs/15f_openai_completions.ipynb #d3696659
 async def completions(st: AppState, req: CompletionRequest) -> dict | AsyncIterator[str]:
     "POST /v1/completions: one choice per (prompt, n), `index = prompt_index * n + i`."
-    params = sampling_params(req, default_max_tokens=16, logprobs=req.logprobs, limits=st.limits)
+    request_lora.set(model_adapter(st, req.model))  # a 404 for a model this server does not serve
+    defaults = st.generation_defaults
+    params = sampling_params(req, default_max_tokens=16, logprobs=req.logprobs, limits=st.limits, defaults=defaults)
     check_token_ids(params, st.engine.engine.config.vocab_size)
     prompts, heads, echo_lp = await _completion_prompts(st, req, params)
+    prompt_lp = await scored_prompts(st, prompts, req.prompt_logprobs)  # before the run: a failure aborts nothing
     run = _Run(st, prompts, params, "completions")
     first, it = await run.first()
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    lp = functools.partial(_completion_lp, st.engine.engine.tokenizer, req.logprobs)
-    c = _Prompts(n=params.n, prompts=prompts, heads=heads, echo_lp=echo_lp, lp=lp)
+    tok = TokenIdNames() if req.return_tokens_as_token_ids else st.engine.engine.tokenizer
+    lp = functools.partial(_completion_lp, tok, req.logprobs)
+    c = _Prompts(params.n, prompts, heads, echo_lp, lp, prompt_lp, req.return_token_ids)
     usage = lambda: _usage(sum(map(len, prompts)), run.num_out)
     if not req.stream:
         choices = await _completion_choices(req, c, first, it)
-        body = {"id": cid, "object": "text_completion", "created": created, "model": st.model_name}
+        body = {"id": cid, "object": "text_completion", "created": created, "model": served_name(st)}
         return {**body, "choices": choices, "usage": usage()}
     chunks = lambda: _completion_chunks(req, c, first, it)
     return _event_stream(st, req, cid, created, "text_completion", chunks, it, usage)

@@ -11,23 +11,47 @@ __all__ = ["embeddings"]
 import asyncio
 
 from ...engine.pooling import embed_ids, finish_embeddings, pooling_of, to_base64
+from .chat_utils import _content, chat_prompt_ids, truncate_prompt
 from .protocol import APIError, EmbeddingRequest, check_chars
-from .serving import AppState
+from .serving import AppState, model_adapter, request_lora, served_name
 
 
 # %% ../../../nbs/15j_openai_embeddings.ipynb #f6879163
 def _inputs(req: EmbeddingRequest) -> list:
     "The request's inputs as a list: strings or token-id lists."
     x = req.input
+    if x is None:
+        raise APIError("input is required (or a conversation in messages)", param="input")
     items = [x] if isinstance(x, str) or (x and isinstance(x[0], int)) else list(x)
     if not items:
         raise APIError("input must hold at least one string or list of token ids", param="input")
     return items
 
 
+# %% ../../../nbs/15j_openai_embeddings.ipynb #e5c52e7b
+async def _embedding_ids(st: AppState, req: EmbeddingRequest) -> list[list[int]]:
+    "Token ids of each input (`messages`: one conversation, through the chat template), truncated if asked."
+    eng = st.engine.engine
+    if (msgs := req.messages) is not None:
+        if req.input is not None:
+            raise APIError("give input or messages, not both", param="messages")
+        check_chars(sum(len(_content(m)) for m in msgs), eng.max_model_len, st.token_chars, st.limits, "messages")
+        flags = {"add_generation_prompt": req.add_generation_prompt}
+        ids = [await asyncio.to_thread(chat_prompt_ids, st, eng, msgs, flags=flags)]
+        if type(ids[0]) is not list:
+            raise APIError("messages with images cannot be embedded here", param="messages")
+    else:
+        items = _inputs(req)
+        n_chars = sum(len(x) for x in items if isinstance(x, str))
+        check_chars(n_chars, eng.max_model_len * len(items), st.token_chars, st.limits, "input")
+        ids = await asyncio.to_thread(lambda: [eng.tokenize(x) if isinstance(x, str) else list(x) for x in items])
+    return [truncate_prompt(i, req.truncate_prompt_tokens, None, eng.max_model_len) for i in ids]
+
+
 # %% ../../../nbs/15j_openai_embeddings.ipynb #c5ffed65
 async def embeddings(st: AppState, req: EmbeddingRequest) -> dict:
     "POST /v1/embeddings."
+    request_lora.set(model_adapter(st, req.model))  # a 404 for a model this server does not serve
     eng = st.engine.engine
     how = st.pooling or pooling_of(eng.model_dir)
     if how is None:
@@ -36,15 +60,7 @@ async def embeddings(st: AppState, req: EmbeddingRequest) -> dict:
     H = eng.config.hidden_size
     if req.dimensions is not None and not 1 <= req.dimensions <= H:
         raise APIError(f"dimensions must be in [1, {H}] for this model, got {req.dimensions}", param="dimensions")
-    items = _inputs(req)
-    check_chars(
-        sum(len(x) for x in items if isinstance(x, str)),
-        eng.max_model_len * len(items),
-        st.token_chars,
-        st.limits,
-        "input",
-    )
-    ids = await asyncio.to_thread(lambda: [eng.tokenize(x) if isinstance(x, str) else list(x) for x in items])
+    ids = await _embedding_ids(st, req)
     try:
         vecs = await st.engine.call(lambda: embed_ids(eng, ids, how))
     except ValueError as e:
@@ -53,4 +69,4 @@ async def embeddings(st: AppState, req: EmbeddingRequest) -> dict:
     enc = to_base64 if req.encoding_format == "base64" else lambda v: v.tolist()
     data = [{"object": "embedding", "index": i, "embedding": enc(v)} for i, v in enumerate(vecs)]
     n = sum(map(len, ids))
-    return {"object": "list", "data": data, "model": st.model_name, "usage": {"prompt_tokens": n, "total_tokens": n}}
+    return {"object": "list", "data": data, "model": served_name(st), "usage": {"prompt_tokens": n, "total_tokens": n}}

@@ -25,11 +25,11 @@ from litellama.entrypoints.openai.protocol import (
     ErrorResponse,
     Health,
     ModelList,
-    ResponseObject,
-    ResponsesRequest,
     TokenizeRequest,
     TokenizeResponse,
 )
+
+from .responses_protocol import ResponseObject, ResponsesRequest
 
 # %% ../../../nbs/15aa_openai_openapi.ipynb #2e3902c6
 REQUEST_MODELS = (

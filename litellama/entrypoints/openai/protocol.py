@@ -13,6 +13,7 @@ __all__ = [
     "StreamOptions",
     "JSONSchema",
     "ResponseFormat",
+    "StructuredOutputsField",
     "GenerationRequest",
     "FunctionDef",
     "Tool",
@@ -31,6 +32,7 @@ __all__ = [
     "ErrorResponse",
     "Usage",
     "CompletionLogprobs",
+    "PromptLogprob",
     "CompletionChoice",
     "CompletionResponse",
     "TopLogprob",
@@ -45,20 +47,6 @@ __all__ = [
     "Health",
     "TokenizeResponse",
     "DetokenizeResponse",
-    "ResponseContentPart",
-    "ResponseInputItem",
-    "ResponseTextFormat",
-    "ResponseText",
-    "FunctionTool",
-    "ResponseToolChoice",
-    "ResponsesRequest",
-    "ResponseOutputText",
-    "ResponseReasoningText",
-    "ResponseOutputMessage",
-    "ResponseReasoningItem",
-    "ResponseFunctionCall",
-    "ResponseUsage",
-    "ResponseObject",
     "EmbeddingRequest",
     "Embedding",
     "EmbeddingUsage",
@@ -94,7 +82,7 @@ class APIError(Exception):
         status: int = 400,
         type: str = "invalid_request_error",
         param: str | None = None,
-        code: str | None = None,
+        code: str | int | None = None,
         headers: dict | None = None,
     ):
         super().__init__(message)
@@ -152,6 +140,7 @@ def check_chars(
 # %% ../../../nbs/15a_openai_protocol.ipynb #d72ce177
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM's: the running usage on every chunk, not only at the end
 
 
 class JSONSchema(BaseModel):
@@ -166,12 +155,24 @@ class ResponseFormat(BaseModel):
     json_schema: JSONSchema | None = None
 
 
+class StructuredOutputsField(BaseModel):
+    "vLLM's `structured_outputs` request field: one kind of constraint, by name."
+
+    model_config = ConfigDict(extra="forbid", title="StructuredOutputs")
+    json_: dict | StrictStr | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    json_object: StrictBool | None = None
+    grammar: StrictStr | None = None  # an EBNF grammar
+    structural_tag: StrictStr | None = None
+
+
 # %% ../../../nbs/15a_openai_protocol.ipynb #06174f08
 class GenerationRequest(BaseModel):
     "The fields `CompletionRequest` and `ChatRequest` share."
 
     model_config = ConfigDict(extra="ignore")
-    model: StrictStr
+    model: StrictStr | None = None  # None: the served model
     max_tokens: StrictInt | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -193,7 +194,14 @@ class GenerationRequest(BaseModel):
     guided_json: dict | StrictStr | None = None
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = None
+    structured_outputs: StructuredOutputsField | None = None
     user: StrictStr | None = None
+    truncate_prompt_tokens: StrictInt | None = None  # keep this many prompt tokens (-1: the context length)
+    truncation_side: Literal["left", "right"] | None = None  # where truncation cuts (None: left, keeping the end)
+    prompt_logprobs: StrictInt | None = None  # per prompt token: its logprob and the k likeliest in its place
+    return_token_ids: StrictBool = False  # the prompt's and each choice's token ids in the reply
+    return_tokens_as_token_ids: StrictBool = False  # logprob tokens written `token_id:<id>`
+    use_beam_search: StrictBool = False  # vLLM's; refused here
 
 
 # %% ../../../nbs/15a_openai_protocol.ipynb #57941dbd
@@ -251,11 +259,14 @@ class Message(BaseModel):
     name: StrictStr | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: StrictStr | None = None  # a tool message: which call it answers
+    reasoning: StrictStr | None = None  # an assistant's earlier reasoning
+    reasoning_content: StrictStr | None = None  # the same, under the name other servers send it
 
 
 # %% ../../../nbs/15a_openai_protocol.ipynb #f64d4b1d
 class CompletionRequest(GenerationRequest):
-    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]] | None = None
+    prompt_embeds: Any = None  # vLLM's; refused here
     logprobs: StrictInt | None = None
     echo: StrictBool = False
     best_of: StrictInt | None = None
@@ -270,7 +281,11 @@ class ChatRequest(GenerationRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool = True
+    chat_template: StrictStr | None = None  # a template of the request's own (only on a server that trusts them)
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
+    echo: StrictBool = False  # the reply starts with the final assistant message it continues
+    add_generation_prompt: StrictBool = True  # the template opens the assistant's turn
+    continue_final_message: StrictBool = False  # the prompt ends inside the final (assistant) message
 
 
 # %% ../../../nbs/15a_openai_protocol.ipynb #5c6dd814
@@ -291,7 +306,7 @@ class ErrorBody(BaseModel):
     message: str
     type: str
     param: str | None
-    code: str | None
+    code: str | int | None
 
 
 class ErrorResponse(BaseModel):
@@ -312,11 +327,22 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class PromptLogprob(BaseModel):
+    "One token of a `prompt_logprobs` entry (keyed by token id), as vLLM writes it."
+
+    logprob: float
+    rank: int | None  # 1: the likeliest in its place (None: a prompt token outside the top k)
+    decoded_token: str
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # `prompt_logprobs` asked
+    prompt_token_ids: list[int] | None = None  # `return_token_ids`
+    token_ids: list[int] | None = None  # `return_token_ids`
 
 
 class CompletionResponse(BaseModel):
@@ -366,6 +392,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None
     finish_reason: str | None
+    token_ids: list[int] | None = None  # `return_token_ids`
 
 
 class ChatCompletionResponse(BaseModel):
@@ -375,6 +402,8 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None  # `prompt_logprobs` asked
+    prompt_token_ids: list[int] | None = None  # `return_token_ids`
 
 
 # %% ../../../nbs/15a_openai_protocol.ipynb #f6627d51
@@ -409,154 +438,18 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-# %% ../../../nbs/15a_openai_protocol.ipynb #7064ad42
-class ResponseContentPart(BaseModel):
-    type: Literal["input_text", "output_text", "input_image"]
-    text: StrictStr | None = None
-    image_url: StrictStr | None = None
-    detail: StrictStr | None = None
-
-
-class ResponseInputItem(BaseModel):
-    "A message, an earlier `function_call`, or the `function_call_output` that answers it."
-
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["message", "function_call", "function_call_output"] = "message"
-    role: Literal["user", "assistant", "system", "developer"] | None = None
-    content: StrictStr | list[ResponseContentPart] | None = None
-    call_id: StrictStr | None = None
-    name: StrictStr | None = None
-    arguments: StrictStr | None = None
-    output: StrictStr | None = None
-
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #f585b096
-class ResponseTextFormat(BaseModel):
-    type: Literal["text", "json_object", "json_schema"]
-    name: StrictStr = "response"
-    description: StrictStr | None = None
-    schema_: dict | None = Field(default=None, alias="schema")
-    strict: StrictBool | None = None
-
-
-class ResponseText(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    format: ResponseTextFormat | None = None
-
-
-class FunctionTool(BaseModel):
-    type: Literal["function"]
-    name: StrictStr = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: StrictStr | None = None
-    parameters: dict | None = None
-    strict: StrictBool | None = None
-
-
-class ResponseToolChoice(BaseModel):
-    type: Literal["function"]
-    name: StrictStr
-
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #cedc60ae
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: StrictStr
-    input: StrictStr | list[ResponseInputItem]
-    instructions: StrictStr | None = None
-    max_output_tokens: StrictInt | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    text: ResponseText | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | ResponseToolChoice | None = None
-    parallel_tool_calls: StrictBool = True
-    reasoning: dict[str, Any] | None = None
-    stream: StrictBool = False
-    store: StrictBool | None = None
-    previous_response_id: StrictStr | None = None
-    metadata: dict[str, StrictStr] | None = None
-    user: StrictStr | None = None
-
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #ced67045
-class ResponseOutputText(BaseModel):
-    type: Literal["output_text"]
-    text: str
-    annotations: list[dict]
-
-
-class ResponseReasoningText(BaseModel):
-    type: Literal["reasoning_text"]
-    text: str
-
-
-class ResponseOutputMessage(BaseModel):
-    type: Literal["message"]
-    id: str
-    status: Literal["completed", "incomplete"]
-    role: Literal["assistant"]
-    content: list[ResponseOutputText]
-
-
-class ResponseReasoningItem(BaseModel):
-    type: Literal["reasoning"]
-    id: str
-    status: Literal["completed", "incomplete"]
-    summary: list[dict]
-    content: list[ResponseReasoningText]
-
-
-class ResponseFunctionCall(BaseModel):
-    type: Literal["function_call"]
-    id: str
-    status: Literal["completed", "incomplete"]
-    call_id: str
-    name: str
-    arguments: str
-
-
-# %% ../../../nbs/15a_openai_protocol.ipynb #ef82f17d
-class ResponseUsage(BaseModel):
-    input_tokens: int
-    output_tokens: int
-    total_tokens: int
-    input_tokens_details: dict[str, int]
-    output_tokens_details: dict[str, int]
-
-
-class ResponseObject(BaseModel):
-    model_config = ConfigDict(title="Response")
-    id: str
-    object: Literal["response"]
-    created_at: int
-    status: Literal["completed", "incomplete"]
-    model: str
-    output: list[ResponseReasoningItem | ResponseOutputMessage | ResponseFunctionCall]
-    usage: ResponseUsage
-    incomplete_details: dict[str, str] | None
-    error: None
-    instructions: str | None
-    max_output_tokens: int | None
-    temperature: float | None
-    top_p: float | None
-    tools: list[FunctionTool]
-    tool_choice: str | ResponseToolChoice
-    parallel_tool_calls: bool
-    text: dict[str, Any]
-    metadata: dict[str, str] | None
-    store: bool
-    previous_response_id: None
-
-
 # %% ../../../nbs/15a_openai_protocol.ipynb #a5227642
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    model: StrictStr
-    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    model: StrictStr | None = None
+    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] | None = None
+    messages: list[Message] | None = None  # instead of `input`: one conversation, through the chat template
+    add_generation_prompt: StrictBool = True  # with `messages`
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None
     normalize: StrictBool = True
     user: StrictStr | None = None
+    truncate_prompt_tokens: StrictInt | None = None  # keep the last this many tokens of each input (-1: the context)
 
 
 class Embedding(BaseModel):

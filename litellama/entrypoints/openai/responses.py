@@ -22,13 +22,15 @@ from litellama.entrypoints.openai.protocol import (
     ContentPart,
     ImageURL,
     Message,
+)
+from litellama.entrypoints.openai.responses_protocol import (
     ResponseInputItem,
     ResponsesRequest,
     ResponseToolChoice,
 )
 
 from .chat import ChatStart, _chat_choices, _chat_chunks, start_chat
-from .serving import AppState
+from .serving import AppState, served_name
 
 
 # %% ../../../nbs/15i_openai_responses.ipynb #aa28daae
@@ -181,7 +183,7 @@ def _status(finish_reason: str | None) -> tuple[str, dict | None]:
 
 
 def _response(
-    st: AppState, req: ResponsesRequest, rid: str, created: int, status: str, output: list, usage: dict | None
+    model: str, req: ResponsesRequest, rid: str, created: int, status: str, output: list, usage: dict | None
 ) -> dict:
     "The response object: its settings, `output` and `usage` (`usage` None: under way)."
     tc = req.tool_choice
@@ -190,7 +192,7 @@ def _response(
         "object": "response",
         "created_at": created,
         "status": status,
-        "model": st.model_name,
+        "model": model,
         "output": output,
         "usage": usage,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
@@ -296,11 +298,11 @@ class _EventWriter:
 
 
 # %% ../../../nbs/15i_openai_responses.ipynb #04c9ceb5
-async def _events(st: AppState, req: ResponsesRequest, s: ChatStart, rid: str, created: int) -> AsyncIterator[str]:
+async def _events(model: str, req: ResponsesRequest, s: ChatStart, rid: str, created: int) -> AsyncIterator[str]:
     "The events of a streamed response; an error after the headers is an `error` event, as OpenAI's."
     w = _EventWriter()
     for kind in ("response.created", "response.in_progress"):
-        yield w.event(kind, response=_response(st, req, rid, created, "in_progress", [], None))
+        yield w.event(kind, response=_response(model, req, rid, created, "in_progress", [], None))
     reason = None
     try:
         async for (ch,) in _chat_chunks(s.settings, s.first, s.it):
@@ -319,7 +321,7 @@ async def _events(st: AppState, req: ResponsesRequest, s: ChatStart, rid: str, c
         for e in w.close(status):
             yield e
         usage = _response_usage(s.prompt_tokens, s.run.num_out)
-        final = _response(st, req, rid, created, status, w.items, usage)
+        final = _response(model, req, rid, created, status, w.items, usage)
         yield w.event(f"response.{status}", response=final)
     except Exception as e:  # the headers are gone: report in-band
         err = e if isinstance(e, APIError) else APIError(f"{type(e).__name__}: {e}", 500, "server_error")
@@ -339,10 +341,10 @@ async def responses(st: AppState, req: ResponsesRequest) -> dict | AsyncIterator
         if e.param == "max_output_tokens":
             e.message = e.message.replace("max_tokens", "max_output_tokens")
         raise
-    rid, created = _id("resp"), int(time.time())
+    rid, created, model = _id("resp"), int(time.time()), served_name(st)
     if req.stream:
-        return _events(st, req, s, rid, created)
+        return _events(model, req, s, rid, created)
     (choice,) = await _chat_choices(s.settings, s.first, s.it)
     status, _ = _status(choice["finish_reason"])
     usage = _response_usage(s.prompt_tokens, s.run.num_out)
-    return _response(st, req, rid, created, status, _output_items(choice["message"], status), usage)
+    return _response(model, req, rid, created, status, _output_items(choice["message"], status), usage)
