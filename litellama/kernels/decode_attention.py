@@ -356,6 +356,7 @@ def _decode_split_kernel(
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
     FP8: tl.constexpr = False, WORDS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False,
     window=0, softcap=0.0, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    SINKS=None, SINK: tl.constexpr = False,
 ):  # fmt: skip
     "One piece of one sequence's keys for all the query heads of one kv head: a partial softmax, or the output."
     piece, kv_head = tl.program_id(0), tl.program_id(1)
@@ -385,6 +386,10 @@ def _decode_split_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    if SINK:  # the sequence's first piece holds each head's sink (a key of no value); the merge weighs it as any
+        sink = tl.load(SINKS + heads, mask=offs_g < GROUP, other=0.0).to(tl.float32) * 1.4426950408889634  # log2
+        m_i = tl.where(start == 0, sink, m_i)
+        l_i = tl.where(start == 0, 1.0, l_i)
     if FP8:
         acc, m_i, l_i = _fp8_walk(
             acc, m_i, l_i, q, qk_scale, begin, full_end, end, seq_len, table, k_base, v_base,
@@ -453,7 +458,9 @@ def _decode_merge_kernel(
 
 
 # %% ../../kernels_nb/07_decode_attention.ipynb #1e02ade6
-def _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg, band=None):
+def _launch_split(
+    q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg, band=None, sinks=None
+):  # fmt: skip
     "Launch `_decode_split_kernel` over the plan's `rows` into `out` and the partial buffers `parts` `(m, l, acc)`."
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     kc, vc, words = fp8_words(q, k_cache, v_cache) if fp8 else (k_cache, v_cache, False)
@@ -465,6 +472,7 @@ def _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D),
         PAGE=page, BLOCK_N=cfg["BLOCK_N"], DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
         WORDS=words, **switches, **(band or {}), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({} if sinks is None else dict(SINKS=sinks.contiguous(), SINK=True)),
     )  # fmt: skip
 
 
@@ -480,11 +488,13 @@ def decode_attention(
     splits: tuple | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence, `q` `[B, Hq, D]`, over its paged K/V; see `reference.decode_attention`.
     `splits`: the step's `(rows, cu_splits)` plan on the device (`SplitPlanner`); without it the launcher reads
     `seq_lens` back and plans itself. `window`: each query sees its latest `window` keys (pieces before them do
-    nothing); `softcap`: scores capped to `softcap · tanh(s / softcap)`."""
+    nothing); `softcap`: scores capped to `softcap · tanh(s / softcap)`; `sinks` `[Hq]`: each head's sink logit in its
+    softmax (the first piece of each sequence holds it)."""
     B, Hq, D = q.shape
     page, Hk = check_paged_args(q, k_cache, v_cache)
     band = band_args(window, softcap)
@@ -505,7 +515,7 @@ def decode_attention(
     acc_part = torch.empty((n, Hq, D), dtype=torch.float32, device=q.device)
     if n:
         parts = (m_part, l_part, acc_part)
-        _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg, band)
+        _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg, band, sinks)
     merge = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), **merge_config(B))
     _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), **merge)
     return out

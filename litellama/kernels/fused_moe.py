@@ -14,6 +14,7 @@ __all__ = [
     "fused_moe_reference",
     "dequantize_blockwise",
     "quantize_blockwise",
+    "clamped_swiglu",
     "max_padded_slots",
     "align_reference",
     "moe_align_block_size",
@@ -126,8 +127,14 @@ def fused_moe_reference(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     block_size: int = 128,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float = 1.702,
 ) -> torch.Tensor:
-    "`sum_k w[t,k] * down_e(silu(gate_e(x_t)) * up_e(x_t))` by a loop over experts; fp8 experts are dequantised first."
+    """`sum_k w[t,k] * down_e(silu(gate_e(x_t)) * up_e(x_t))` by a loop over experts; fp8 experts are dequantised
+    first. With biases `[E, 2I]`, `[E, H]` each projection adds its expert's; with `swiglu_limit`, the activation is
+    gpt-oss' clamped SwiGLU (`clamped_swiglu`)."""
     if w13_scale is not None:
         w13 = dequantize_blockwise(w13, w13_scale, block_size, x.dtype)
     if w2_scale is not None:
@@ -137,9 +144,11 @@ def fused_moe_reference(
     out = torch.zeros(T, K, x.shape[-1], dtype=x.dtype, device=x.device)
     for e in torch.unique(topk_ids).tolist():
         tok, kk = torch.nonzero(topk_ids == e, as_tuple=True)
-        gu = F.linear(x[tok], w13[e])
-        h = F.silu(gu[:, :NI]) * gu[:, NI:]
-        out[tok, kk] = (F.linear(h, w2[e]) * topk_weights[tok, kk, None]).to(x.dtype)
+        gu = F.linear(x[tok], w13[e], None if w13_bias is None else w13_bias[e])
+        gate, up = gu[:, :NI], gu[:, NI:]
+        h = F.silu(gate) * up if swiglu_limit is None else clamped_swiglu(gate, up, swiglu_alpha, swiglu_limit)
+        y = F.linear(h, w2[e], None if w2_bias is None else w2_bias[e])
+        out[tok, kk] = (y * topk_weights[tok, kk, None]).to(x.dtype)
     return out.sum(1, dtype=torch.float32).to(x.dtype)
 
 
@@ -171,6 +180,13 @@ def quantize_blockwise(w: torch.Tensor, block_size: int = 128):
     scale = amax / torch.finfo(torch.float8_e4m3fn).max
     s = scale.repeat_interleave(block_size, -2)[..., :N, :].repeat_interleave(block_size, -1)[..., :K]
     return (w.float() / s).to(torch.float8_e4m3fn), scale
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #17fcd836
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    "gpt-oss' activation: `g · σ(α g) · (u + 1)`, the gate `g` clamped to at most `limit`, the up `u` to ±`limit`."
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(gate * alpha) * (up + 1)
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #6098dcd2
@@ -386,6 +402,20 @@ def _gate_up_acc(
     return acc_g, acc_u
 
 
+# %% ../../kernels_nb/14_fused_moe.ipynb #4eb64a8f
+@triton.jit
+def _activation(g, u, SWIGLU: tl.constexpr, alpha, limit):
+    "`(act, factor)` of gate and up sums, `h = act · factor`: `silu(g)` and `u`, or (`SWIGLU`) `clamped_swiglu`'s."
+    if SWIGLU:
+        g = tl.minimum(g, limit)
+        act = g / (1.0 + tl.exp(-alpha * g))
+        factor = tl.minimum(tl.maximum(u, -limit), limit) + 1.0
+    else:
+        act = g / (1.0 + tl.exp(-g))
+        factor = u
+    return act, factor
+
+
 # %% ../../kernels_nb/14_fused_moe.ipynb #6c2c69b5
 @triton.jit(do_not_specialize=["S"])
 def _moe_gate_up_kernel(
@@ -417,8 +447,14 @@ def _moe_gate_up_kernel(
     BLOCK_K: tl.constexpr,
     ZERO: tl.constexpr,
     ZBLOCK: tl.constexpr,
+    b_ptr=None,
+    HAS_BIAS: tl.constexpr = False,
+    SWIGLU: tl.constexpr = False,
+    alpha=1.702,
+    limit=7.0,
 ):
-    "`out[slot] = silu(x[slot // k] @ gate_e.T) * (x[slot // k] @ up_e.T)` for one tile of one expert's rows."
+    """`out[slot] = silu(x[slot // k] @ gate_e.T) * (x[slot // k] @ up_e.T)` for one tile of one expert's rows; with
+    `HAS_BIAS` the expert's gate|up bias (`b_ptr`, `[E, 2I]`) added, with `SWIGLU` gpt-oss' activation."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if ZERO:  # the first block's programs zero the down kernel's [T, H] sums
         if pid_m == 0:
@@ -438,10 +474,13 @@ def _moe_gate_up_kernel(
     acc_g, acc_u = _gate_up_acc(
         x_ptrs, g_ptrs, ws, rn, m_mask, n_mask, H, NI, s_wn, s_sn, s_sk, FP8, WIDEN, SB, IEEE, BLOCK_M, BLOCK_N, BLOCK_K
     )
+    if HAS_BIAS:
+        b = b_ptr + e * (2 * NI) + rn
+        acc_g += tl.load(b, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(b + NI, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     DT = x_ptr.dtype.element_ty
-    g = acc_g.to(DT).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32)
-    h = act * acc_u.to(DT).to(tl.float32)
+    act, factor = _activation(acc_g.to(DT).to(tl.float32), acc_u.to(DT).to(tl.float32), SWIGLU, alpha, limit)
+    h = act.to(DT).to(tl.float32) * factor
     out_ptrs = out_ptr + slot.to(tl.int64)[:, None] * NI + rn[None, :]
     tl.store(out_ptrs, h.to(DT), mask=m_mask[:, None] & n_mask[None, :])
 
@@ -513,9 +552,11 @@ def _moe_down_kernel(
     BLOCK_K: tl.constexpr,
     SUM_TOPK: tl.constexpr,
     TOP_K: tl.constexpr,
+    b_ptr=None,
+    HAS_BIAS: tl.constexpr = False,
 ):
     """`out[slot] = topk_weight[slot] * (h[slot] @ down_e.T)` for one tile of one expert's rows;
-    `SUM_TOPK`: added into float32 `out[slot // k]`."""
+    `SUM_TOPK`: added into float32 `out[slot // k]`; `HAS_BIAS`: the expert's bias (`b_ptr`, `[E, H]`) added first."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
@@ -533,6 +574,8 @@ def _moe_down_kernel(
     acc = _down_acc(
         h_ptrs, w_ptrs, ws_e, rn, m_mask, n_mask, NI, s_sn, s_sk, FP8, WIDEN, SB, IEEE, BLOCK_M, BLOCK_N, BLOCK_K
     )
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + e * H + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tw = tl.load(tw_ptr + slot, mask=m_mask, other=0.0).to(tl.float32)
     y = acc.to(DT).to(tl.float32) * tw[:, None]
     mask = m_mask[:, None] & n_mask[None, :]
@@ -578,8 +621,10 @@ def _moe_gemv_gate_up_kernel(
     x_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, S, H, NI, s_xt, s_we, s_wn, s_se, s_sn, s_sk,
     TOP_K: tl.constexpr, FP8: tl.constexpr, WIDEN: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
     VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    b_ptr=None, HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False, alpha=1.702, limit=7.0,
 ):  # fmt: skip
-    "Program `(slot, n)`: `out[slot] = silu(x_t @ gate_e.T) * (x_t @ up_e.T)` for `BLOCK_N` features of its expert."
+    """Program `(slot, n)`: `out[slot] = silu(x_t @ gate_e.T) * (x_t @ up_e.T)` for `BLOCK_N` features of its expert;
+    biases and activation as `_moe_gate_up_kernel`'s."""
     slot, pid_n = tl.program_id(0), tl.program_id(1)
     e = tl.load(ids_ptr + slot).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -602,10 +647,13 @@ def _moe_gemv_gate_up_kernel(
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    g, u = tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
+    if HAS_BIAS:
+        g += tl.load(b_ptr + e * (2 * NI) + rc).to(tl.float32)
+        u += tl.load(b_ptr + e * (2 * NI) + NI + rc).to(tl.float32)
     DT = x_ptr.dtype.element_ty
-    g = tl.sum(acc_g, axis=1).to(DT).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32)
-    h = act * tl.sum(acc_u, axis=1).to(DT).to(tl.float32)
+    act, factor = _activation(g.to(DT).to(tl.float32), u.to(DT).to(tl.float32), SWIGLU, alpha, limit)
+    h = act.to(DT).to(tl.float32) * factor
     tl.store(out_ptr + slot.to(tl.int64) * NI + rn, h.to(DT), mask=rn < NI)
 
 
@@ -615,9 +663,11 @@ def _moe_gemv_down_kernel(
     h_ptr, w_ptr, ws_ptr, tw_ptr, ids_ptr, out_ptr, H, NI, s_we, s_wn, s_se, s_sn, s_sk,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, FP8: tl.constexpr, WIDEN: tl.constexpr, SB: tl.constexpr,
     EVEN_K: tl.constexpr, VEC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    b_ptr=None, HAS_BIAS: tl.constexpr = False,
 ):  # fmt: skip
     """Program `(t, n)`: `out[t] = sum_j tw[t, j] * (h[t * k + j] @ down_e.T)` for `BLOCK_N` features, all `k` slots
-    in one `[K_PAD, BLOCK_N, BLOCK_K]` tile, the sum over the top-k kept in the program."""
+    in one `[K_PAD, BLOCK_N, BLOCK_K]` tile, the sum over the top-k kept in the program; `HAS_BIAS`: each expert's
+    bias (`b_ptr`, `[E, H]`) added before its weight."""
     tok, pid_n = tl.program_id(0), tl.program_id(1)
     rj = tl.arange(0, K_PAD)
     slots = tok * TOP_K + tl.minimum(rj, TOP_K - 1)  # padded slots repeat the last one, with weight 0
@@ -639,12 +689,17 @@ def _moe_gemv_down_kernel(
         w_ptrs += BLOCK_K
         v_ptrs += BLOCK_K
     DT = h_ptr.dtype.element_ty
-    per_slot = (tl.sum(acc, axis=2).to(DT).to(tl.float32) * tw[:, None]).to(DT).to(tl.float32)  # as the loop rounds
+    y = tl.sum(acc, axis=2)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + e[:, None] * H + rc[None, :]).to(tl.float32)
+    per_slot = (y.to(DT).to(tl.float32) * tw[:, None]).to(DT).to(tl.float32)  # as the loop rounds
     tl.store(out_ptr + tok.to(tl.int64) * H + rn, tl.sum(per_slot, axis=0).to(DT), mask=rn < H)
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #fd61bec8
-def _fused_moe_gemv(x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, NI, K, fp8, widen, block_size, cfg):
+def _fused_moe_gemv(
+    x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, NI, K, fp8, widen, block_size, cfg, up=None, down=None
+):  # fmt: skip
     "The one-token path: gate|up per slot, then down per token with the top-k summed in the program."
     S, vec = T * K, cfg["VEC"]
     bk = max(vec, min(cfg["BLOCK_K"], triton.next_power_of_2(H)))
@@ -654,13 +709,13 @@ def _fused_moe_gemv(x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H
     h = torch.empty(S, NI, dtype=x.dtype, device=x.device)
     _moe_gemv_gate_up_kernel[(S, triton.cdiv(NI, cfg["BLOCK_N"]))](
         x, w13, s13, ids, h, S, H, NI, x.stride(0), w13.stride(0), w13.stride(1), *ss13,
-        EVEN_K=H % bk == 0, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, num_warps=cfg["num_warps"], **common,
+        EVEN_K=H % bk == 0, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, num_warps=cfg["num_warps"], **common, **(up or {}),
     )  # fmt: skip
     out = torch.empty(T, H, dtype=x.dtype, device=x.device)
     _moe_gemv_down_kernel[(T, triton.cdiv(H, cfg["DOWN_BLOCK_N"]))](
         h, w2, s2, topk_weights.contiguous(), ids, out, H, NI, w2.stride(0), w2.stride(1), *ss2,
         K_PAD=triton.next_power_of_2(K), EVEN_K=NI % dbk == 0, BLOCK_N=cfg["DOWN_BLOCK_N"], BLOCK_K=dbk,
-        num_warps=cfg["DOWN_WARPS"], **common,
+        num_warps=cfg["DOWN_WARPS"], **common, **(down or {}),
     )  # fmt: skip
     return out
 
@@ -738,7 +793,7 @@ def _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size):
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #170dadf3
-def _gate_up(x, w13, s13, ss13, h, y, align, S, H, NI, T, K, fuse, cfg, common):
+def _gate_up(x, w13, s13, ss13, h, y, align, S, H, NI, T, K, fuse, cfg, common, extra=None):
     "Launch the gate|up kernel over every block of `align = (sorted_slots, block_experts, total)`."
     sorted_slots, block_experts, total = align
     _moe_gate_up_kernel[(block_experts.numel(), triton.cdiv(NI, cfg["BLOCK_N"]))](
@@ -764,11 +819,12 @@ def _gate_up(x, w13, s13, ss13, h, y, align, S, H, NI, T, K, fuse, cfg, common):
         ZERO=fuse,
         ZBLOCK=1024,
         **common,
+        **(extra or {}),
     )
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #6f21e293
-def _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common):
+def _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common, extra=None):
     "Launch the down kernel over every block of `align = (sorted_slots, block_experts, total)`."
     sorted_slots, block_experts, total = align
     _moe_down_kernel[(block_experts.numel(), triton.cdiv(H, cfg["DOWN_BLOCK_N"]))](
@@ -791,12 +847,14 @@ def _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common
         SUM_TOPK=fuse,
         TOP_K=K,
         **common,
+        **(extra or {}),
     )
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #4ea59039
 def _fused_moe_aligned(
-    x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, E, NI, K, fp8, widen, block_size, cfg
+    x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, E, NI, K, fp8, widen, block_size, cfg, up=None,
+    down=None,
 ):  # fmt: skip
     "The aligned path: slots sorted by expert into `BLOCK_M` blocks, then the two grouped multiplies."
     if fp8 and block_size % cfg["BLOCK_K"]:
@@ -809,11 +867,23 @@ def _fused_moe_aligned(
     fuse = bool(cfg.get("SUM_TOPK", False))
     y_shape, y_dtype = ((T, H), torch.float32) if fuse else ((S, H), x.dtype)
     y = torch.empty(y_shape, dtype=y_dtype, device=x.device)
-    _gate_up(x, w13, s13, ss13, h, y, align, S, H, NI, T, K, fuse, cfg, common)
-    _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common)
+    _gate_up(x, w13, s13, ss13, h, y, align, S, H, NI, T, K, fuse, cfg, common, up)
+    _down(h, w2, s2, ss2, topk_weights, y, align, S, H, NI, K, fuse, cfg, common, down)
     if fuse:
         return y.to(x.dtype)  # the float32 sums, rounded once
     return y.view(T, K, H).sum(1)  # torch sums 16-bit floats in float32 and rounds once: one launch, not two
+
+
+# %% ../../kernels_nb/14_fused_moe.ipynb #975b289c
+def _gpt_oss_args(w13_bias, w2_bias, swiglu_limit, swiglu_alpha, E: int, H: int, NI: int) -> tuple:
+    "The gate|up and down kernels' extra arguments for expert biases and the clamped SwiGLU (none without them)."
+    for b, want, name in ((w13_bias, (E, 2 * NI), "w13_bias"), (w2_bias, (E, H), "w2_bias")):
+        if b is not None and tuple(b.shape) != want:
+            raise ValueError(f"{name} must be {list(want)}, got {list(b.shape)}")
+    up: dict = {} if w13_bias is None else dict(b_ptr=w13_bias.contiguous(), HAS_BIAS=True)
+    if swiglu_limit is not None:
+        up.update(SWIGLU=True, alpha=float(swiglu_alpha), limit=float(swiglu_limit))
+    return up, ({} if w2_bias is None else dict(b_ptr=w2_bias.contiguous(), HAS_BIAS=True))
 
 
 # %% ../../kernels_nb/14_fused_moe.ipynb #05b5e3b2
@@ -827,10 +897,15 @@ def fused_moe(
     w2_scale: torch.Tensor | None = None,
     block_size: int = 128,
     config: dict | None = None,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    swiglu_alpha: float = 1.702,
 ) -> torch.Tensor:
     """The sparse MLP of `x [T, H]` over experts `w13 [E, 2I, H]`, `w2 [E, H, I]`
-    (16-bit, or fp8 with block scales): `[T, H]`."""
+    (16-bit, or fp8 with block scales): `[T, H]`; biases and activation as `fused_moe_reference`'s."""
     T, H, E, NI, K, fp8 = _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)
+    up, down = _gpt_oss_args(w13_bias, w2_bias, swiglu_limit, swiglu_alpha, E, H, NI)
     if T == 0:
         return x.new_empty(0, H)
     cfg = _config(T, E, H, NI, K, x.dtype, fp8, x.device.type, config)
@@ -842,8 +917,8 @@ def fused_moe(
     ss13, ss2 = (w13_scale.stride(), w2_scale.stride()) if fp8 else ((0, 0, 0), (0, 0, 0))
     if cfg["GEMV"]:
         return _fused_moe_gemv(
-            x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, NI, K, fp8, widen, block_size, cfg
+            x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, NI, K, fp8, widen, block_size, cfg, up, down
         )
     return _fused_moe_aligned(
-        x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, E, NI, K, fp8, widen, block_size, cfg
+        x, w13, w2, topk_weights, topk_ids, s13, ss13, s2, ss2, T, H, E, NI, K, fp8, widen, block_size, cfg, up, down
     )

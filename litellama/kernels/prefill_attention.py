@@ -88,6 +88,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP16_DOT: tl.constexpr = False,
     ACC_T: tl.constexpr = False, V_COLS: tl.constexpr = False, SAME_LAYOUT: tl.constexpr = False,
     window=0, softcap=0.0, WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    SINKS=None, SINK: tl.constexpr = False,
 ):  # fmt: skip
     "One query tile of one sequence, one query head: causal attention over the sequence's paged K/V."
     head = tl.program_id(0)
@@ -111,6 +112,9 @@ def _prefill_kernel(
     v_base = V + (head // GROUP) * stride_vh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if SINK:  # the head's sink is a key already folded in: its logit the running maximum, its exp (1) the sum
+        m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(SINKS + head).to(tl.float32) * 1.4426950408889634  # log2
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
     if ACC_T:
         acc = tl.zeros([BLOCK_D, BLOCK_M], tl.float32)
     else:
@@ -168,9 +172,11 @@ def prefill_attention(
     max_seqlen_q: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention for packed query chunks `q` `[T, Hq, D]` over each sequence's paged K/V, each query over its
-    `window` latest keys, scores capped at `softcap`; see `reference.prefill_attention`."""
+    `window` latest keys, scores capped at `softcap`, each head's `sinks` logit in its softmax (`[Hq]`, or None); see
+    `reference.prefill_attention`."""
     T, Hq, D = q.shape
     page, Hk = check_paged_args(q, k_cache, v_cache)
     band = band_args(window, softcap)
@@ -191,6 +197,7 @@ def prefill_attention(
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), block_tables.stride(0),
         GROUP=Hq // Hk, HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), PAGE=page, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", **cache_args(q, k_cache, v_cache), **band, **cfg,
+        **({} if sinks is None else dict(SINKS=sinks.contiguous(), SINK=True)),
     )  # fmt: skip
     return out
 

@@ -144,29 +144,36 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 
 
 # %% ../../kernels_nb/00_reference.ipynb #24ca8f10
-def _softmax_attend(q, k, v, mask, scale, softcap):
-    "`softmax(s) v` over `[N, heads, tokens, D]` tensors, `s = q kᵀ scale` soft-capped to `softcap tanh(s / softcap)`."
-    if softcap is None:
+def _softmax_attend(q, k, v, mask, scale, softcap, sinks=None):
+    """`softmax(s) v` over `[N, heads, tokens, D]` tensors, `s = q kᵀ scale` soft-capped to `softcap tanh(s / softcap)`;
+    `sinks` `[heads]`, one more logit per head in each softmax's denominator, with no value."""
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    s = torch.tanh(q @ k.transpose(-1, -2) * (scale / softcap)) * softcap
-    return s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    s = s.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        return s.softmax(-1) @ v
+    sink = sinks.float().view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+    return torch.cat([s, sink], -1).softmax(-1)[..., :-1] @ v
 
 
-def _attend(q, k, v, scale, q_start, window=None, softcap=None):
+def _attend(q, k, v, scale, q_start, window=None, softcap=None, sinks=None):
     """Causal attention of `q` `[Tq, Hq, D]` at positions `q_start..` over `k, v` `[Tk, Hk, D]`, in float32; with
     `window`, each query sees only the `window` latest keys up to itself."""
     q, k, v = (t.float().transpose(0, 1)[None] for t in (q, k, v))  # [1, heads, tokens, D]
     Tq, Tk = q.shape[2], k.shape[2]
-    if q_start == 0 and Tq == Tk and window is None and softcap is None:
+    if q_start == 0 and Tq == Tk and window is None and softcap is None and sinks is None:
         out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True, is_causal=True)
         return out[0].transpose(0, 1)
     q_pos, k_pos = torch.arange(Tq, device=q.device)[:, None] + q_start, torch.arange(Tk, device=q.device)[None]
     mask = k_pos <= q_pos
     if window is not None:
         mask &= k_pos > q_pos - window
-    return _softmax_attend(q, k, v, mask, scale, softcap)[0].transpose(0, 1)
+    return _softmax_attend(q, k, v, mask, scale, softcap, sinks)[0].transpose(0, 1)
 
 
 # %% ../../kernels_nb/00_reference.ipynb #c06396e9
@@ -181,9 +188,11 @@ def prefill_attention(
     max_seqlen_q: int | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention for packed query chunks `q` `[T, Hq, D]` (`cu_seqlens_q` `[B+1]`) over each sequence's cached
-    K/V; each query sees its `window` latest keys (all if None), scores soft-capped at `softcap` (none if None)."""
+    K/V; each query sees its `window` latest keys (all if None), scores soft-capped at `softcap` (none if None), and
+    each head's `sinks` logit (`[Hq]`, none if None) joins its softmax's denominator."""
     out = torch.empty_like(q)
     cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
     for b in range(len(lens)):
@@ -192,7 +201,9 @@ def prefill_attention(
             continue
         first = 0 if window is None else max(0, lens[b] - (e - s) - window + 1)  # the first key any query sees
         k, v = gather_kv(k_cache, block_tables[b], lens[b]), gather_kv(v_cache, block_tables[b], lens[b])
-        out[s:e] = _attend(q[s:e], k[first:], v[first:], scale, lens[b] - (e - s) - first, window, softcap).to(q.dtype)
+        out[s:e] = _attend(q[s:e], k[first:], v[first:], scale, lens[b] - (e - s) - first, window, softcap, sinks).to(
+            q.dtype
+        )
     return out
 
 
@@ -207,9 +218,10 @@ def decode_attention(
     splits: tuple | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one new query per sequence, `q` `[B, Hq, D]`, over its first `seq_lens[b]` cached tokens (the
-    last `window` of them with a window), scores soft-capped at `softcap`."""
+    last `window` of them with a window), scores soft-capped at `softcap`, each head's `sinks` logit in the softmax."""
     B, Hq, D = q.shape
     if B == 0:
         return torch.empty_like(q)
@@ -221,7 +233,9 @@ def decode_attention(
     mask = pos < lens
     if window is not None:
         mask &= pos >= lens - window
-    out = _softmax_attend(q.float()[:, :, None], k, v, mask[:, None, None], scale, softcap)  # mask [B, 1, 1, max_len]
+    out = _softmax_attend(
+        q.float()[:, :, None], k, v, mask[:, None, None], scale, softcap, sinks
+    )  # mask [B, 1, 1, max_len]
     return out[:, :, 0].to(q.dtype)
 
 

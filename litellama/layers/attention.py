@@ -117,16 +117,17 @@ class PagedAttention(nn.Module):
         self.band: dict[str, Any] = {k: v for k, v in (("window", window), ("softcap", softcap)) if v is not None}
         self.k_cache = self.v_cache = None  # bound by the model runner: [num_blocks, block_size, Hk, D]
 
-    def forward(self, q, k, v, attn: AttentionMetadata):
+    def forward(self, q, k, v, attn: AttentionMetadata, sinks: torch.Tensor | None = None):
         ops.store_kv_cache(k, v, self.k_cache, self.v_cache, attn.slot_mapping)
-        return self.attend(q, attn)
+        return self.attend(q, attn, sinks)
 
 
 # %% ../../nbs/03_attention.ipynb #e48010c8
 @patch
-def attend(self: PagedAttention, q, attn: AttentionMetadata):
-    "Attention of `q` over the cache, which already holds this step's K/V."
+def attend(self: PagedAttention, q, attn: AttentionMetadata, sinks: torch.Tensor | None = None):
+    "Attention of `q` over the cache, which already holds this step's K/V (each head's `sinks` logit in its softmax)."
     P, npf = attn.num_prefill_tokens, attn.num_prefills
+    band = self.band if sinks is None else {**self.band, "sinks": sinks}
     if P == q.shape[0]:
         return ops.prefill_attention(
             q,
@@ -137,7 +138,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
             attn.block_tables,
             self.scale,
             max_seqlen_q=attn.max_seqlen_q,
-            **self.band,
+            **band,
         )
     if P == 0:
         return decode_attention(
@@ -149,7 +150,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
             self.scale,
             splits=attn.decode_splits,
             memo=attn.per_step,
-            **self.band,
+            **band,
         )
     out = torch.empty_like(q)
     out[:P] = ops.prefill_attention(
@@ -161,7 +162,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
         attn.block_tables[:npf],
         self.scale,
         max_seqlen_q=attn.max_seqlen_q,
-        **self.band,
+        **band,
     )
     out[P:] = decode_attention(
         q[P:],
@@ -171,7 +172,7 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata):
         attn.block_tables[npf:],
         self.scale,
         splits=attn.decode_splits,
-        **self.band,
+        **band,
     )
     return out
 
@@ -209,6 +210,7 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps, dtype, device) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps, dtype, device) if qk_norm else None
         self.rotary = rotary
+        self.sinks: nn.Parameter | None = None  # a family with attention sinks (gpt-oss) sets one logit per head
         scale = self.head_dim**-0.5 if scale is None else scale
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, scale, window, softcap)
 
@@ -242,4 +244,4 @@ def forward(self: SelfAttention, positions, x, attn: AttentionMetadata):
         attn.per_step,
         *norms,
     )
-    return self.o_proj(self.attn.attend(q, attn).reshape(T, -1))
+    return self.o_proj(self.attn.attend(q, attn, self.sinks).reshape(T, -1))

@@ -9,6 +9,7 @@ __all__ = [
     "token_major_kv",
     "cpu_attention_applies",
     "per_step",
+    "attend_with_sinks",
     "step_decode_tables",
     "cpu_decode_attention",
     "decode_attention",
@@ -61,6 +62,17 @@ def per_step(memo: dict | None, name: str, sources: tuple, make: Callable[[], An
     return held[1]
 
 
+# %% ../../nbs/03a_cpu_attention.ipynb #96070d19
+def attend_with_sinks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, sinks: torch.Tensor
+) -> torch.Tensor:
+    """`q` `[B, Hk, g, D]` over `k, v` `[B, Hk, L, D]` under the additive `mask`, scores written out so that each query
+    head's sink (`sinks` `[Hk, g]`) joins its softmax as one more logit with no value."""
+    s = torch.matmul(q, k.transpose(-1, -2)).float() * scale + mask
+    s = torch.cat([s, sinks.float()[None, :, :, None].expand(*s.shape[:-1], 1)], -1)
+    return torch.matmul(s.softmax(-1)[..., :-1].to(v.dtype), v)
+
+
 # %% ../../nbs/03a_cpu_attention.ipynb #c6d70f87
 def _decode_tables(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int, dtype: torch.dtype) -> tuple:
     "The blocks to read, row by row (those the longest sequence fills), and the additive length mask `[B, 1, 1, L]`."
@@ -88,9 +100,10 @@ def cpu_decode_attention(
     block_tables: torch.Tensor,
     scale: float,
     memo: dict | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one new query per sequence, `q` `[B, Hq, D]`, over its first `seq_lens[b]` cached tokens:
-    `reference.decode_attention` with one gather per K and V, in the cache's dtype."""
+    `reference.decode_attention` with one gather per K and V, in the cache's dtype; `sinks` `[Hq]` as there."""
     B, Hq, D = q.shape
     if B == 0:
         return torch.empty_like(q)
@@ -99,7 +112,10 @@ def cpu_decode_attention(
     L = mask.shape[-1]
     k = k_cache.index_select(0, blocks).reshape(B, L, Hk, D).transpose(1, 2)  # [B, Hk, L, D]: a view, token-major
     v = v_cache.index_select(0, blocks).reshape(B, L, Hk, D).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q.reshape(B, Hk, Hq // Hk, D), k, v, attn_mask=mask, scale=scale)
+    qg = q.reshape(B, Hk, Hq // Hk, D)
+    if sinks is not None:
+        return attend_with_sinks(qg, k, v, mask, scale, sinks.view(Hk, Hq // Hk)).reshape(B, Hq, D)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
     return out.reshape(B, Hq, D)
 
 
@@ -113,13 +129,16 @@ def decode_attention(
     scale: float,
     splits: tuple | None = None,
     memo: dict | None = None,
+    sinks: torch.Tensor | None = None,
     **band: Any,
 ) -> torch.Tensor:
     """The decode attention of a paged cache: `cpu_decode_attention` where it applies, else the registry's op (which
-    also takes a layer's sliding `window` and score `softcap`, the `band`)."""
+    also takes a layer's sliding `window` and score `softcap`, the `band`); both take each head's `sinks`."""
     assert k_cache is not None and v_cache is not None, "no KV cache bound to this layer (the model runner binds it)"
     if not band and k_cache.dtype == q.dtype and cpu_attention_applies(q.device.type, q.shape[-1], k_cache.dtype):
-        return cpu_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, memo)
+        return cpu_decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, memo, sinks)
+    if sinks is not None:
+        band["sinks"] = sinks
     return ops.decode_attention(q, k_cache, v_cache, seq_lens, block_tables, scale, splits=splits, **band)
 
 

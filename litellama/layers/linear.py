@@ -221,6 +221,7 @@ def get_quant_config(
 QUANT_SCHEMES["int8"] = "litellama.layers.quant8:Int8Config"  # 8-bit: nbs/20_quant8.ipynb
 QUANT_SCHEMES["fp8"] = "litellama.layers.quant8:Fp8Config"  # runtime fp8 and FP8 (block) checkpoints
 QUANT_SCHEMES["compressed-tensors"] = "litellama.layers.compressed_tensors:CompressedTensorsConfig"  # W8A8 int8 and FP8
+QUANT_SCHEMES["mxfp4"] = "litellama.models.gpt_oss:Mxfp4Config"  # gpt-oss's experts, dequantized at load
 
 # %% ../../nbs/02a_linear.ipynb #a4b16e03
 QUANT_SCHEMES.update(

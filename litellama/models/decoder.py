@@ -373,6 +373,7 @@ for _arch, _type in (
     ("Phi3ForCausalLM", "phi3"),
 ):
     LAZY_MODELS[_arch] = (_type, "litellama.models.gemma_phi3")  # nbs/04c_gemma_phi3
+LAZY_MODELS["GptOssForCausalLM"] = ("gpt_oss", "litellama.models.gpt_oss")  # nbs/04d_gpt_oss
 REFUSED = {  # architectures recognised but not served, and why
     "Gemma3ForConditionalGeneration": "Gemma 3's vision tower is not implemented; text-only checkpoints "
     "(Gemma3ForCausalLM, such as gemma-3-1b) are served",

@@ -182,6 +182,38 @@ REAL_SHAPES["smollm3-3b"] = dict(
     pad_token_id=128004,
 )
 
+# %% ../../nbs/06_checkpoints.ipynb #f9bdf986
+REAL_SHAPES["gpt-oss-20b"] = dict(
+    model_type="gpt_oss",
+    architectures=["GptOssForCausalLM"],
+    vocab_size=201088,
+    hidden_size=2880,
+    intermediate_size=2880,
+    num_hidden_layers=24,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    num_local_experts=32,
+    num_experts_per_tok=4,
+    sliding_window=128,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    swiglu_limit=7.0,
+    attention_bias=True,
+    tie_word_embeddings=False,
+    eos_token_id=200002,
+    pad_token_id=199999,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+)
+
 # %% ../../nbs/06_checkpoints.ipynb #b69cc0ec
 SHAPES = {**{f"tiny-{k}": v for k, v in TINY_CONFIGS.items()}, **REAL_SHAPES}
 
