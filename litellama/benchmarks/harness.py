@@ -1,4 +1,4 @@
-"""The harness behind every figure we quote, and plots of its committed results.
+"""The harness behind every figure we quote.
 
 Docs: https://litellama.github.io/litellama/benchmarks_nb/harness.html.md"""
 
