@@ -10,6 +10,7 @@ __all__ = [
     "DTYPES",
     "QUANTIZATION_METHODS",
     "ROUTING_POLICIES",
+    "KV_EVENTS_KEYS",
     "CLI_FLAGS",
     "CLI_ALIASES",
     "UVICORN_LOG_LEVELS",
@@ -48,7 +49,7 @@ KV_CACHE_DTYPES = {"auto": None, "fp8": "float8_e4m3fn"}  # name -> torch dtype 
 DTYPES = ("auto", "float32", "fp32", "float", "float16", "fp16", "half", "bfloat16", "bf16")
 
 # %% ../nbs/00_config.ipynb #355f5070
-QUANTIZATION_METHODS = ("int8", "fp8", "compressed-tensors", "awq", "gptq")  # the layers' QUANT_SCHEMES
+QUANTIZATION_METHODS = ("int8", "fp8", "compressed-tensors", "awq", "gptq", "mxfp4")  # the layers' QUANT_SCHEMES
 
 # %% ../nbs/00_config.ipynb #423f411a
 ROUTING_POLICIES = ("round_robin", "least_loaded")  # data parallel: which replica takes a request
@@ -90,6 +91,29 @@ def _check_quantization(q):
         )
 
 
+# %% ../nbs/00_config.ipynb #3ca175f5
+KV_EVENTS_KEYS = (  # vLLM's KVEventsConfig fields
+    "enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm", "max_queue_size",
+    "topic",
+)  # fmt: skip
+
+
+def _check_kv_events_config(c):
+    "`kv_events_config`: None, or a dict of vLLM's keys naming a publisher litellama has."
+    if c is None:
+        return
+    _check(isinstance(c, dict), f"kv_events_config must be a dict, got {type(c).__name__}")
+    unknown = [k for k in c if k not in KV_EVENTS_KEYS]
+    _check(
+        not unknown, f"kv_events_config: unknown key {unknown[0] if unknown else ''!r}; use {', '.join(KV_EVENTS_KEYS)}"
+    )
+    _check(
+        c.get("publisher") in (None, "zmq", "null"),
+        f"kv_events_config: unknown publisher {c.get('publisher')!r}; use zmq or null",
+    )
+    _check(c.get("replay_endpoint") is None, "kv_events_config: replay_endpoint is not supported; leave it out")
+
+
 # %% ../nbs/00_config.ipynb #d0183821
 @dataclass
 class ModelConfig:
@@ -116,7 +140,7 @@ class ModelConfig:
 # %% ../nbs/00_config.ipynb #f244f4f0
 @dataclass
 class CacheConfig:
-    "The paged KV cache: block size, how many blocks, their dtype, prefix caching."
+    "The paged KV cache: block size, block count, dtype, prefix caching, and whether its changes are published."
 
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -124,6 +148,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
+    kv_events_config: dict | None = None  # vLLM's KVEventsConfig as a dict: publish the cache's blocks (08b_kv_events)
 
     def __post_init__(self):
         b = self.block_size
@@ -136,6 +161,7 @@ class CacheConfig:
             f"gpu_memory_utilization must be a fraction in (0, 1], got {u!r}",
         )
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        _check_kv_events_config(self.kv_events_config)
 
 
 # %% ../nbs/00_config.ipynb #535d0291
@@ -256,6 +282,11 @@ CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the fi
         "--enable-prefix-caching",
         "prefix caching on (the default) or off (also --no-prefix-caching)",
     ),
+    "kv_events_config": (
+        "--kv-events-config",
+        "publish the cache's stored and evicted blocks as vLLM does, as JSON: '{\"enable_kv_cache_events\": true, "
+        '"publisher": "zmq", "endpoint": "tcp://*:5557"}\'',
+    ),
     "max_num_seqs": ("--max-num-seqs", "most sequences in one step (default 256)"),
     "max_num_batched_tokens": (
         "--max-num-batched-tokens",
@@ -302,7 +333,7 @@ def json_object(text: str) -> dict:
     return value
 
 
-_TYPES["speculative_config"] = json_object
+_TYPES["speculative_config"] = _TYPES["kv_events_config"] = json_object
 
 # %% ../nbs/00_config.ipynb #c36d3505
 _SWITCHES = {"enforce_eager": True, "cpu_compile": True}  # one-way switches: the value each sets
@@ -466,6 +497,7 @@ VLLM_FLAGS = {  # vLLM's flag (spellings, comma-separated) -> VLLMFlag
     "--tensor-parallel-size, -tp": _S("split every layer over N GPUs (or CPU processes)"),
     "--data-parallel-size, -dp": _S("N replicas on this host, behind a router"),
     "--speculative-config": _S("speculative decoding as JSON: ngram, a draft model, or EAGLE-3"),
+    "--kv-events-config": _S("publish the KV cache's stored and evicted blocks over ZMQ, for vllm-router's kv_aware"),
     "--kv-cache-memory-bytes": VLLMFlag("alias", "litellama's --kv-cache-memory: the KV cache's bytes"),
     "--num-gpu-blocks-override": VLLMFlag("alias", "litellama's --num-kv-blocks: the KV cache's blocks"),
 }
