@@ -11,6 +11,7 @@ __all__ = [
     "EngineStats",
     "Completion",
     "context_length",
+    "rope_switch",
     "ContinuousBatchingEngine",
     "InFlightStep",
 ]
@@ -41,6 +42,7 @@ from ..executor.model_runner import ModelRunner
 from ..executor.proposer import Proposer, SpeculativeConfig, make_proposer
 from ..executor.sampler import uses_history
 from ..executor.step_plan import Placeholder, SchedulerOutput
+from ..models.decoder import model_class
 from ..models.interfaces import SupportsImages
 from ..models.loader import load_model, resolve_device, resolve_dtype
 from ..models.lora import LoRARequest
@@ -52,6 +54,7 @@ from .block_manager import BlockManager, shared_window
 from .detokenizer import IncrementalDetokenizer
 from .draft_model import DraftModelProposer
 from .eagle3 import eagle3_from_target
+from .kv_events import publisher_from_config
 from .lora import LoRAManager
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -124,6 +127,16 @@ def context_length(max_model_len: int | None, config: Any) -> int:
     return max_model_len or positions
 
 
+# %% ../../nbs/12_llm_engine.ipynb #770f1cdd
+def rope_switch(model: Any, config: Any, max_model_len: int) -> int | None:
+    """The length past which `model`'s rotary table changes (its class's `long_rope_from`), None if no context of
+    `max_model_len` tokens goes past it. Without a model here (tensor parallelism) the config names the class."""
+    cls = type(model) if model is not None else model_class(config)
+    declared = getattr(cls, "long_rope_from", None)
+    switch = declared(config) if declared is not None else None
+    return switch if switch is not None and switch < max_model_len else None
+
+
 # %% ../../nbs/12_llm_engine.ipynb #0d00101d
 class ContinuousBatchingEngine:
     "Continuous batching over a paged KV cache: `add_request`, then `step()` while `has_unfinished_requests()`."
@@ -156,6 +169,7 @@ class ContinuousBatchingEngine:
         max_lora_rank: int = 64,
         max_cpu_loras: int | None = None,
         speculative_config: dict | SpeculativeConfig | None = None,
+        kv_events_config: dict | None = None,
     ):
         opts = {k: v for k, v in locals().items() if k in EngineArgs.__dataclass_fields__ and k != "model"}
         configs = EngineArgs(**opts, model=model_dir).create_engine_configs()  # each option checked here, once
@@ -167,11 +181,15 @@ class ContinuousBatchingEngine:
         self._init_executor(executor)
         self.runner.lora = self.lora
         windows = [m.window for m in self.model.modules() if hasattr(m, "k_cache")] if self.model is not None else []
+        self.kv_events = publisher_from_config(kv_events_config, block_size)  # 08b_kv_events; None: no events
         self.block_manager = BlockManager(  # a model windowed in every layer lets the cache follow its window
-            self.executor.num_blocks, block_size, enable_prefix_caching, shared_window(windows)
+            self.executor.num_blocks, block_size, enable_prefix_caching, shared_window(windows), self.kv_events
         )
         sc = self.scheduler_config
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, sc.max_num_batched_tokens, self.lora and max_loras)
+        switch = rope_switch(self.model, config, self.max_model_len)
+        self.scheduler = Scheduler(
+            self.block_manager, max_num_seqs, sc.max_num_batched_tokens, self.lora and max_loras, switch
+        )
         self._init_requests(seed)
         self.spec = self._init_spec(speculative_config)
         overlap = self.device.type == "cuda" if async_scheduling is None else async_scheduling
@@ -246,8 +264,10 @@ def runner(self: ContinuousBatchingEngine) -> ModelRunner:
 # %% ../../nbs/12_llm_engine.ipynb #feb3d0b0
 @patch
 def shutdown(self: ContinuousBatchingEngine) -> None:
-    "End the executor: its ranks, process groups and pinned buffers. A second call does nothing."
+    "End the executor (its ranks, process groups, pinned buffers) and the KV event publisher. Twice does nothing."
     self.executor.shutdown()
+    if self.kv_events is not None:
+        self.kv_events.close()
 
 
 @patch

@@ -237,7 +237,8 @@ class ParallelLMHead(LMHead):
 
 # %% ../../nbs/25_parallel.ipynb #95933484
 def rank_config(config: PretrainedConfig, size: int) -> PretrainedConfig:
-    "`config` as one of `size` tensor-parallel ranks sees it (local heads, intermediate size and vocabulary)."
+    """`config` as one of `size` tensor-parallel ranks sees it (local heads, intermediate sizes and vocabulary); the
+    full sizes stay as `full_<name>`, for a model that cuts a fused checkpoint tensor before it is sharded."""
     c = copy.deepcopy(config)
     c.head_dim = head_dim(config)
     c.num_attention_heads = _divide(config.num_attention_heads, size, "num_attention_heads")
@@ -248,6 +249,10 @@ def rank_config(config: PretrainedConfig, size: int) -> PretrainedConfig:
     if kv >= size:
         _divide(kv, size, "num_key_value_heads")
     c.intermediate_size = _divide(config.intermediate_size, size, "intermediate_size")
+    if getattr(config, "moe_intermediate_size", None):  # each expert's, sharded as a dense MLP's
+        c.moe_intermediate_size = _divide(config.moe_intermediate_size, size, "moe_intermediate_size")
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        setattr(c, f"full_{name}", getattr(config, name))
     c.vocab_size, c.full_vocab_size, c.tensor_parallel_size = -(-config.vocab_size // size), config.vocab_size, size
     return c
 
@@ -283,7 +288,8 @@ def _swap(
 @torch.no_grad()
 def parallelize(model: Any, config: PretrainedConfig, rank: int, size: int) -> Any:
     """Replace `model`'s (built from `rank_config(config, size)`) linears and vocabulary layers by their parallel twins
-    (`model`: a CausalLM of models/, a floor above, reached by its attribute names)."""
+    (`model`: a CausalLM of models/, a floor above, reached by its attribute names). An MLP that declares
+    `tensor_parallel(rank, size)` (a sparse MoE block) shards itself."""
     if size == 1:
         return model
     H, D = config.hidden_size, head_dim(config)
@@ -293,6 +299,11 @@ def parallelize(model: Any, config: PretrainedConfig, rank: int, size: int) -> A
         a, m = layer.self_attn, layer.mlp
         _swap(a, "qkv_proj", QKVParallelLinear, H, config.num_attention_heads, config.num_key_value_heads, D, **kw)
         _swap(a, "o_proj", RowParallelLinear, config.num_attention_heads * D, H, **kw)
+        if hasattr(m, "tensor_parallel"):
+            m.tensor_parallel(rank, size)
+            continue
+        if not hasattr(m, "gate_up_proj"):
+            raise ValueError(f"{type(m).__name__}: this MLP has no tensor-parallel layout")
         inter = config.intermediate_size
         _swap(m, "gate_up_proj", MergedColumnParallelLinear, H, {"gate": inter, "up": inter}, **kw)
         _swap(m, "down_proj", RowParallelLinear, inter, H, **kw)

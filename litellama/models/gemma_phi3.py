@@ -33,6 +33,7 @@ from ..layers.linear import head_dim
 from ..layers.mlp import GatedMLP
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, rope_parameters
+from ..utils import patch
 from .decoder import MODEL_REGISTRY, MODEL_TYPES, CausalLM, DecoderLayer
 
 
@@ -193,6 +194,7 @@ def rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
     return torch.tensor(first + second)
 
 
+# %% ../../nbs/04c_gemma_phi3.ipynb #a385fd24
 class Phi3ForCausalLM(CausalLM):
     """Phi-3 / Phi-4-mini: q, k, v fused in one checkpoint tensor and gate, up in another, cut at load; `longrope`
     with short and long factors; a rotary part of each head (`partial_rotary_factor`)."""
@@ -206,14 +208,13 @@ class Phi3ForCausalLM(CausalLM):
         self.rotary_dim = int(D * factor)
         if self.rotary_dim % 2 or (D - self.rotary_dim) % 2:
             raise ValueError(f"{type(self).__name__}: rotary part {self.rotary_dim} of head {D} must be even")
-        self.long_from, self.max_positions = None, P
-        if params["rope_type"] == "longrope":
+        self.long_from, self.max_positions = self.long_rope_from(config), P
+        if self.long_from is not None:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            orig = params.get("original_max_position_embeddings") or config.original_max_position_embeddings
-            short, long = (ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", seq_len=n) for n in (None, orig + 1))
+            init = ROPE_INIT_FUNCTIONS["longrope"]
+            short, long = (init(config, "cpu", seq_len=n) for n in (None, self.long_from + 1))
             cache = torch.cat([rope_cache(*f, P, D) for f in (short, long)])  # long's rows follow short's
-            self.long_from = orig
         elif params["rope_type"] == "default":
             cache = rope_cache(*theta_inv_freq(params, self.rotary_dim), P, D)
         else:
@@ -224,37 +225,50 @@ class Phi3ForCausalLM(CausalLM):
         for layer in self.model.layers:
             layer.self_attn.rotary = self.model.rotary
 
-    def checkpoint_tensors(self, weights: Iterable) -> Iterable:
-        "Cut `qkv_proj` into q, k, v and `gate_up_proj` into gate, up; reorder q's and k's columns (`rotary_order`)."
-        c = self.config
-        D, Hq, Hk = head_dim(c), c.num_attention_heads, c.num_key_value_heads
-        order = rotary_order(D, self.rotary_dim) if self.rotary_dim < D else None
-        for name, t in weights:
-            *path, module, pname = name.split(".")
-            if module not in self.fused:
-                yield name, t
-                continue
-            sizes = [Hq * D, Hk * D, Hk * D] if module == "qkv_proj" else [c.intermediate_size] * 2
-            if t.shape[0] != sum(sizes):
-                raise ValueError(
-                    f"tensor '{name}': {t.shape[0]} rows, expected {sum(sizes)} ({'+'.join(map(str, sizes))})"
-                )
-            for part, piece in zip(self.fused[module], t.split(sizes), strict=True):
-                if order is not None and part in ("q_proj", "k_proj"):
-                    piece = piece.unflatten(0, (-1, D))[:, order].flatten(0, 1)
-                yield ".".join([*path, part, pname]), piece
+    @classmethod
+    def long_rope_from(cls, config: Any) -> int | None:
+        "The sequence length past which `longrope` rotates by its long factors; None without `longrope`."
+        params = rope_parameters(config)
+        if params["rope_type"] != "longrope":
+            return None
+        return params.get("original_max_position_embeddings") or config.original_max_position_embeddings
 
-    def forward(self, mi: ModelInput) -> torch.Tensor:
-        "With `longrope`, a sequence longer than `original_max_position_embeddings` now rotates by the long table."
-        if self.long_from is not None:
-            a, T = mi.attn, mi.positions.shape[0]
-            npf = a.num_prefills
-            lens = a.seq_lens[:T]  # decodes only: one token a sequence (no host sync: a CUDA graph records this)
-            if npf:
-                counts = (a.cu_seqlens_q[1 : npf + 1] - a.cu_seqlens_q[:npf]).long()
-                lens = torch.cat([a.seq_lens[:npf].repeat_interleave(counts), a.seq_lens[npf:]])[:T]
-            mi = dataclasses.replace(mi, positions=mi.positions + self.max_positions * (lens > self.long_from))
-        return super().forward(mi)
+
+# %% ../../nbs/04c_gemma_phi3.ipynb #0a528c13
+@patch
+def checkpoint_tensors(self: Phi3ForCausalLM, weights: Iterable) -> Iterable:
+    "Cut `qkv_proj` into q, k, v and `gate_up_proj` into gate, up; reorder q's and k's columns (`rotary_order`)."
+    c = self.config
+    full = lambda name: getattr(c, f"full_{name}", getattr(c, name))  # a tensor-parallel rank's config keeps both
+    D, Hq, Hk = head_dim(c), full("num_attention_heads"), full("num_key_value_heads")
+    order = rotary_order(D, self.rotary_dim) if self.rotary_dim < D else None
+    for name, t in weights:
+        *path, module, pname = name.split(".")
+        if module not in self.fused:
+            yield name, t
+            continue
+        sizes = [Hq * D, Hk * D, Hk * D] if module == "qkv_proj" else [full("intermediate_size")] * 2
+        if t.shape[0] != sum(sizes):
+            raise ValueError(f"tensor '{name}': {t.shape[0]} rows, expected {sum(sizes)} ({'+'.join(map(str, sizes))})")
+        for part, piece in zip(self.fused[module], t.split(sizes), strict=True):
+            if order is not None and part in ("q_proj", "k_proj"):
+                piece = piece.unflatten(0, (-1, D))[:, order].flatten(0, 1)
+            yield ".".join([*path, part, pname]), piece
+
+
+# %% ../../nbs/04c_gemma_phi3.ipynb #697061c6
+@patch
+def forward(self: Phi3ForCausalLM, mi: ModelInput) -> torch.Tensor:
+    "With `longrope`, each token of a sequence longer than `original_max_position_embeddings` takes the long table."
+    if self.long_from is not None:
+        a, T = mi.attn, mi.positions.shape[0]
+        npf = a.num_prefills
+        lens = a.seq_lens[:T]  # decodes only: one token a sequence (no host sync: a CUDA graph records this)
+        if npf:
+            counts = (a.cu_seqlens_q[1 : npf + 1] - a.cu_seqlens_q[:npf]).long()
+            lens = torch.cat([a.seq_lens[:npf].repeat_interleave(counts), a.seq_lens[npf:]])[:T]
+        mi = dataclasses.replace(mi, positions=mi.positions + self.max_positions * (lens > self.long_from))
+    return CausalLM.forward(self, mi)
 
 
 # %% ../../nbs/04c_gemma_phi3.ipynb #4dd7143a

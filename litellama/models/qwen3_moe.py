@@ -8,6 +8,7 @@ Docs: https://litellama.github.io/litellama/nbs/qwen3_moe.html.md"""
 __all__ = [
     "num_experts",
     "is_sparse_layer",
+    "expert_piece",
     "FusedMoE",
     "SparseMoeBlock",
     "fp8_block_size",
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from ..distributed.comm import all_reduce
 from ..kernels.registry import ops
 from ..layers.linear import Linear, QuantConfig
 from .decoder import MODEL_REGISTRY, MODEL_TYPES, CausalLM, model_class
@@ -41,6 +43,21 @@ def is_sparse_layer(config: PretrainedConfig, layer_idx: int) -> bool:
     "Does layer `layer_idx` carry the sparse MoE block (Qwen3-MoE's rule)?"
     step = getattr(config, "decoder_sparse_step", 1) or 1
     return layer_idx not in (getattr(config, "mlp_only_layers", None) or []) and (layer_idx + 1) % step == 0
+
+
+# %% ../../nbs/04b_qwen3_moe.ipynb #8e809204
+def expert_piece(param_name: str, tensor: torch.Tensor, shard: tuple | None, rank: int, size: int) -> torch.Tensor:
+    """Rank `rank` of `size`'s piece of a full experts' checkpoint tensor: rows `r·I/N …` of each expert's gate and of
+    its up, the same columns of its down (scales: the same blocks). One rank: the tensor as it is."""
+    if size == 1:
+        return tensor
+    piece = lambda t, dim: t.narrow(dim, rank * (t.shape[dim] // size), t.shape[dim] // size)
+    if param_name.startswith("down"):
+        return piece(tensor, -1)  # [E, H, I] or one expert's [H, I]
+    if shard is not None:
+        return piece(tensor, 0)  # one expert's gate or up, [I, H]
+    gate, up = tensor.chunk(2, 1)  # [E, 2I, H]: gate rows first
+    return torch.cat([piece(gate, 1), piece(up, 1)], 1)
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #83ad4087
@@ -71,6 +88,7 @@ class FusedMoE(nn.Module):
             self.gate_up_proj_scale_inv = new(E, cb(2 * Im), cb(H), dt=torch.float32)
             self.down_proj_scale_inv = new(E, cb(H), cb(Im), dt=torch.float32)
         self._whole: set[str] = set()  # parameters loaded in one piece
+        self.tp_rank, self.tp_size = 0, 1  # each expert's intermediate split over ranks (`expert_piece`)
 
     def _target(self, pname: str, shard: tuple) -> torch.Tensor:
         "The slice of `pname` that per-expert `shard = (expert, part)` fills."
@@ -86,6 +104,7 @@ class FusedMoE(nn.Module):
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: tuple | None = None) -> None:
         "Copy a checkpoint tensor into `param_name`: whole (`shard=None`) or one expert's `(e, part)` slice."
         target = getattr(self, param_name).data if shard is None else self._target(param_name, shard)
+        tensor = expert_piece(param_name, tensor, shard, self.tp_rank, self.tp_size)
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(f"shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}")
         target.copy_(tensor)
@@ -125,9 +144,14 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(H, E, False, dtype, device)
         self.experts = FusedMoE(E, H, config.moe_intermediate_size, dtype, device, fp8_block)
 
+    def tensor_parallel(self, rank: int, size: int) -> None:
+        "Rank `rank` of `size`: its experts (built at `moe_intermediate_size / size`) load their piece; outputs summed."
+        self.experts.tp_rank, self.experts.tp_size = rank, size
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = ops.moe_topk(self.gate(x), self.top_k, self.renormalize)
-        return self.experts(x, topk_weights, topk_ids)
+        out = self.experts(x, topk_weights, topk_ids)
+        return all_reduce(out) if self.experts.tp_size > 1 else out
 
 
 # %% ../../nbs/04b_qwen3_moe.ipynb #697fefc6
