@@ -112,10 +112,12 @@ def test_single_completion(client, tok):
 
 
 # vLLM test_completion.py::test_single_completion (--enable-prompt-tokens-details: usage.prompt_tokens_details)
-@xfail("usage has no prompt_tokens_details (cached_tokens)")
 def test_single_completion_prompt_tokens_details(client):
     r = client.completions.create(model=MODEL, prompt="Hello, my name is", max_tokens=5, **GREEDY)
     assert r.usage.prompt_tokens_details is not None and r.usage.prompt_tokens_details.cached_tokens == 0
+    client.completions.create(model=MODEL, prompt="Hello, my name is" * 8, max_tokens=5, **GREEDY)
+    cached = client.completions.create(model=MODEL, prompt="Hello, my name is" * 8, max_tokens=5, **GREEDY)
+    assert 0 < cached.usage.prompt_tokens_details.cached_tokens < cached.usage.prompt_tokens  # whole blocks, not the last
 
 
 # vLLM test_completion.py::test_completion_truncation_side_controls_prompt_truncation

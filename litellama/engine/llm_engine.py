@@ -79,6 +79,7 @@ class StepOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None  # finish_reason 'error': why this request failed inside a step
+    num_cached_tokens: int = 0  # prompt tokens its sequence found in the prefix cache (usage's `cached_tokens`)
 
 
 # %% ../../nbs/12_llm_engine.ipynb #3a705322
@@ -679,6 +680,7 @@ def _append_token(
         c.detok.text if c.detok and c.finished else "",
         c.seq.num_prompt_tokens,
         n_out,
+        num_cached_tokens=c.seq.num_cached_tokens or 0,
     )
 
 

@@ -159,6 +159,7 @@ def _schedule_waiting(self: Scheduler, out: SchedulerOutput, budget: int) -> boo
         self.running.append(seq)
         self.bm.allocate(seq, start + n, hits)
         self.num_prefix_hit_tokens += start
+        seq.num_cached_tokens = start if seq.num_cached_tokens is None else seq.num_cached_tokens
         out.scheduled.append((seq, n))
         budget -= n
         admitted = True

@@ -25,6 +25,7 @@ class Sequence:
     num_prompt_tokens: int
     block_table: list = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache when first admitted (None: not yet)
     num_cached_blocks: int = 0  # leading blocks registered in the prefix cache
     num_released_blocks: int = 0  # leading blocks handed back: no query can see them (a windowed model)
     extra_keys: tuple = ()  # e.g. image hashes: part of every block's identity

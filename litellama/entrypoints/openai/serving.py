@@ -270,6 +270,7 @@ class _Run:
         self.outcome: str | None = None
         self.done: set[tuple[int, int]] = set()  # (prompt, index) of finished completions
         self.finish_reasons: dict[tuple[int, int], str | None] = {}
+        self.cached: dict[int, int] = {}  # prompt -> its tokens the prefix cache served (its first completion's)
 
     async def _pump(self, q: asyncio.Queue, i: int, ids: list[int]) -> None:
         "Put prompt `i`'s outputs on `q`, then None; an exception that ends it goes on `q` too."
@@ -336,6 +337,8 @@ class _Run:
         return "success" if complete and not any(r == "abort" for r in self.finish_reasons.values()) else "aborted"
 
     def _account(self, i: int, out: Any) -> None:
+        if out.index == 0:
+            self.cached.setdefault(i, out.num_cached_tokens)
         if out.token_ids:
             now = time.perf_counter()
             if self.t_first is None:
@@ -364,11 +367,13 @@ class _Run:
 
 
 # %% ../../../nbs/15e_openai_serving.ipynb #fa4bbd77
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    "OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache served."
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
