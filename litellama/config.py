@@ -282,6 +282,10 @@ CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the fi
         "--enable-prefix-caching",
         "prefix caching on (the default) or off (also --no-prefix-caching)",
     ),
+}
+
+# %% ../nbs/00_config.ipynb #e643a059
+CLI_FLAGS |= {  # KV events, the scheduler's and the parallel flags
     "kv_events_config": (
         "--kv-events-config",
         "publish the cache's stored and evicted blocks as vLLM does, as JSON: '{\"enable_kv_cache_events\": true, "

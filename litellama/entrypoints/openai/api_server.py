@@ -49,10 +49,8 @@ from litellama.entrypoints.openai.protocol import (
     _need,
     max_token_chars,
 )
-from litellama.entrypoints.openai.responses_protocol import (
-    ResponsesRequest,
-)
 
+# %% ../../../nbs/15h_openai_api_server.ipynb #745385d7
 from ...config import UVICORN_LOG_LEVELS, read_chat_template, served_names
 from ...engine.pooling import POOLING_TYPES
 from ...sampling_params import generation_defaults as read_generation_defaults
@@ -64,6 +62,7 @@ from .metrics import ServerMetrics
 from .openapi import openapi_spec
 from .reasoning_parsers import reasoning_parser as find_reasoning_parser
 from .responses import responses
+from .responses_protocol import ResponsesRequest
 from .serving import AppState, model_adapter, request_lora
 from .tool_parsers import tool_parser as find_tool_parser
 

@@ -27,6 +27,8 @@ from litellama.entrypoints.openai.chat_utils import (
     template_text,
     truncate_prompt,
 )
+
+# %% ../../../nbs/15g_openai_chat.ipynb #c37c05ec
 from litellama.entrypoints.openai.serving import (
     AppState,
     _collect,
