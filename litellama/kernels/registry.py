@@ -11,6 +11,7 @@ __all__ = [
     "BACKENDS",
     "PRIORITY",
     "QUANT_OPS",
+    "GDN_OPS",
     "ops",
     "Backend",
     "choose",
@@ -183,6 +184,12 @@ BACKENDS["torch"].impls["mrope_cos_sin"] = _K + "rope:mrope_cos_sin_ref"
 OPS = OPS + ("lora_shrink", "lora_expand")
 BACKENDS["triton"].impls.update(lora_shrink=_K + "lora:lora_shrink", lora_expand=_K + "lora:lora_expand")
 BACKENDS["torch"].impls.update(lora_shrink=_K + "lora:lora_shrink_ref", lora_expand=_K + "lora:lora_expand_ref")
+
+# %% ../../kernels_nb/01_registry.ipynb #d5298f6d
+GDN_OPS = ("causal_conv1d_prefill", "causal_conv1d_decode", "gated_delta_prefill", "gated_delta_decode")
+OPS = OPS + GDN_OPS
+BACKENDS["triton"].impls.update({op: _K + f"gated_delta:{op}" for op in GDN_OPS})
+BACKENDS["torch"].impls.update({op: _K + f"gated_delta:{op}_ref" for op in GDN_OPS})
 
 
 # %% ../../kernels_nb/01_registry.ipynb #59fe5bd5
