@@ -299,7 +299,7 @@ async def _generation(st: AppState, request: Any, schema: type[BaseModel], handl
 
 
 # %% ../../../nbs/15h_openai_api_server.ipynb #5a32a0e1
-_INVOCATIONS = {
+_INVOCATIONS: dict[str, tuple[type[BaseModel], Callable]] = {
     "input": (EmbeddingRequest, embeddings),
     "messages": (ChatRequest, chat_completions),
     "prompt": (CompletionRequest, completions),
