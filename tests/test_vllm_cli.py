@@ -14,6 +14,7 @@ import torch
 from litellama.config import EngineArgs
 from litellama.entrypoints.cli import build_parser, serve_kwargs
 from litellama.testing.checkpoints import make_random_checkpoint
+from litellama.testing.hf_cache import write_hf_cache
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi"), pytest.importorskip("uvicorn")
@@ -59,14 +60,18 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def two_name_server(tmp_path_factory):
-    "`litellama serve DIR --served-model-name a b` on a tiny random Qwen3 (CPU, float32), until /health answers."
+    """A vLLM user's line, unchanged: `litellama serve org/tiny --enable-auto-tool-choice --tool-call-parser qwen3_coder
+    --served-model-name a b`, the hub id read from a Hugging Face cache with the network off (a tiny random Qwen3)."""
     tmp = tmp_path_factory.mktemp("vllm_cli")
     ckpt = make_random_checkpoint("tiny-qwen3", tmp / "ckpt", dtype=torch.float32)
+    write_hf_cache(ckpt, tmp / "cache", "org/tiny")
     port = _free_port()
-    cmd = [LITELLAMA, "serve", str(ckpt), "--served-model-name", "a", "b", "--port", str(port)]
+    cmd = [LITELLAMA, "serve", "org/tiny", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]
+    cmd += ["--served-model-name", "a", "b", "--port", str(port)]
     cmd += ["--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "64", "--enable-chunked-prefill"]
     log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TRITON_INTERPRET": "1"})
+    env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp / "cache")}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -101,3 +106,7 @@ def test_served_model_names(two_name_server):
     assert by_b.json()["choices"][0]["text"] == by_a["choices"][0]["text"]
     assert httpx.post(url + "/v1/completions", json={**body, "model": "c"}, timeout=60).status_code == 404
     assert "note: --enable-chunked-prefill is ignored" in log.read_text()
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    chat = {"model": "b", "messages": [{"role": "user", "content": "hi"}], "tools": [tool], "max_tokens": 3}
+    r = httpx.post(url + "/v1/chat/completions", json=chat, timeout=60)  # `auto`: the flag and the parser are given
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant", r.text
