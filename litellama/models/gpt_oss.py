@@ -8,7 +8,6 @@ Docs: https://litellama.github.io/litellama/nbs/gpt_oss.html.md"""
 __all__ = [
     "log",
     "FP4_VALUES",
-    "GPT_OSS_SHAPES",
     "deinterleave",
     "expert_layout",
     "GptOssExperts",
@@ -215,37 +214,3 @@ class GptOssForCausalLM(CausalLM):
 
 
 MODEL_REGISTRY["GptOssForCausalLM"] = MODEL_TYPES["gpt_oss"] = GptOssForCausalLM
-
-# %% ../../nbs/04d_gpt_oss.ipynb #b7a3aaf2
-GPT_OSS_SHAPES = {  # name -> the config of a real checkpoint, for benchmarks (random weights, real shapes)
-    "gpt-oss-20b": dict(
-        model_type="gpt_oss",
-        architectures=["GptOssForCausalLM"],
-        vocab_size=201088,
-        hidden_size=2880,
-        intermediate_size=2880,
-        num_hidden_layers=24,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=64,
-        num_local_experts=32,
-        num_experts_per_tok=4,
-        sliding_window=128,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        swiglu_limit=7.0,
-        attention_bias=True,
-        tie_word_embeddings=False,
-        rope_parameters={
-            "rope_type": "yarn",
-            "rope_theta": 150000.0,
-            "factor": 32.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "truncate": False,
-            "original_max_position_embeddings": 4096,
-        },
-        eos_token_id=200002,
-        pad_token_id=199999,
-    )
-}

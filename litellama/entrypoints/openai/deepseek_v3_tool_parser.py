@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from .protocol import Tool
-from .tool_parsers import ToolParser, _held, register_tool_parser
+from .tool_parsers import MarkupState, ToolParser, _held, register_tool_parser
 
 # %% ../../../nbs/15be_deepseek_v3_tool_parser.ipynb #54430e44
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -32,28 +32,8 @@ def _object(text: str) -> dict | None:
 
 
 # %% ../../../nbs/15be_deepseek_v3_tool_parser.ipynb #f2d1e207
-class _Section:
-    "The state of a DeepSeek parser between pieces of text, and the actions its steps take."
-
-    buf: str  # text not read yet
-    raw: str  # markers read and not spent on a call yet
-    state: str  # `text`, `section` or `block`
-    found: bool  # did this section give a call yet?
-    events: list[tuple[str, Any]]
-
-    def _content(self, text: str) -> None:
-        if text:
-            self.events.append(("content", text))
-
-    def _call(self, name: str, args: dict) -> None:
-        self.events.append(("call", {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}))
-        self.raw, self.found = "", True
-
-    def _give_back(self, rest: str) -> None:
-        "Leave the section: its markers are content unless calls came of it, and `rest` is read as plain text."
-        if not self.found:
-            self._content(self.raw)
-        self.buf, self.raw, self.found, self.state = rest, "", False, "text"
+class _Section(MarkupState):
+    "A DeepSeek parser's first step, `text`: content up to the calls section (states `text`, `section`, `block`)."
 
     def _text(self) -> bool:
         i = self.buf.find(CALLS_BEGIN)

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from .protocol import Tool
-from .tool_parsers import ToolParser, _held, register_tool_parser
+from .tool_parsers import MarkupState, ToolParser, _held, register_tool_parser
 
 # %% ../../../nbs/15bd_mistral_tool_parser.ipynb #0f379a1a
 MARKER, ARGS, CALL_ID, EOS = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "</s>"
@@ -74,29 +74,10 @@ def _entry(text: str) -> tuple[str, dict] | None:
 
 
 # %% ../../../nbs/15bd_mistral_tool_parser.ipynb #45591647
-class _Markup:
-    "The state of a parser of markup between pieces of text, and the actions its steps take."
+class _Markup(MarkupState):
+    "A Mistral parser's state: `MarkupState`'s, and the name of the call being read (the newer form)."
 
-    buf: str  # text not read yet
-    raw: str  # markup read since the marker, given back as content if no call comes of it
-    state: str
-    found: bool  # did the current marker give a call yet?
-    fname: str  # the name of the call being read (the newer form)
-    events: list[tuple[str, Any]]
-
-    def _content(self, text: str) -> None:
-        if text:
-            self.events.append(("content", text))
-
-    def _call(self, name: str, args: dict) -> None:
-        self.events.append(("call", {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}))
-        self.raw, self.found = "", True
-
-    def _give_back(self, rest: str) -> None:
-        "Leave the markup: what it read is content unless calls came of it, and `rest` is read as plain text."
-        if not self.found:
-            self._content(self.raw)
-        self.buf, self.raw, self.found, self.state = rest, "", False, "text"
+    fname: str
 
 
 # %% ../../../nbs/15bd_mistral_tool_parser.ipynb #a99e3584

@@ -18,6 +18,7 @@ __all__ = [
     "tool_parser_for",
     "HermesToolParser",
     "parse_tool_calls",
+    "MarkupState",
 ]
 
 # %% ../../../nbs/15b_openai_tool_parsers.ipynb #b15554bd
@@ -224,3 +225,28 @@ def parse_tool_calls(text: str, parser: Callable[[], ToolParser] = HermesToolPar
     p = parser()
     evs = p.feed(text) + p.finish()
     return "".join(v for k, v in evs if k == "content"), [v for k, v in evs if k == "call"]
+
+
+# %% ../../../nbs/15b_openai_tool_parsers.ipynb #0483b6a7
+class MarkupState:
+    "A markup parser's state between pieces of text (what is unread, the markup read since a marker), and its actions."
+
+    buf: str  # text not read yet
+    raw: str  # markup read since the marker, given back as content if no call comes of it
+    state: str  # the step the parser is in
+    found: bool  # did the current markup give a call yet?
+    events: list[tuple[str, Any]]
+
+    def _content(self, text: str) -> None:
+        if text:
+            self.events.append(("content", text))
+
+    def _call(self, name: str, args: dict) -> None:
+        self.events.append(("call", {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}))
+        self.raw, self.found = "", True
+
+    def _give_back(self, rest: str) -> None:
+        "Leave the markup: what it read is content unless calls came of it, and `rest` is read as plain text."
+        if not self.found:
+            self._content(self.raw)
+        self.buf, self.raw, self.found, self.state = rest, "", False, "text"
