@@ -218,13 +218,24 @@ def stack_layer(mod: Linear, lw: LoRALayerWeights | None, r_max: int, dtype: tor
 
 
 # %% ../../nbs/35_lora.ipynb #831e9b7c
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class LoRARequest:
     "An adapter a request asks for: its `name`, a positive integer `id` unique per adapter, and its PEFT directory."
 
     name: str
     id: int
     path: str | Path
+
+    def __init__(self, name=None, id=None, path=None, *, lora_name=None, lora_int_id=None, lora_path=None):
+        "`LoRARequest(name, id, path)`, or by vLLM's keywords `lora_name`, `lora_int_id` and `lora_path`."
+        given = (("name", name, lora_name), ("id", id, lora_int_id), ("path", path, lora_path))
+        for field_name, ours, vllms in given:
+            object.__setattr__(self, field_name, vllms if ours is None else ours)
+        self.__post_init__()
+
+    lora_name = property(lambda self: self.name, doc="vLLM's name for `name`")
+    lora_int_id = property(lambda self: self.id, doc="vLLM's name for `id`")
+    lora_path = property(lambda self: self.path, doc="vLLM's name for `path`")
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
