@@ -70,5 +70,6 @@ class NoRotation(RotaryEmbedding):
 
     def __init__(self, head_dim: int, max_positions: int, device: torch.device | str | None = None):
         nn.Module.__init__(self)
-        row = torch.cat([torch.ones(head_dim // 2), torch.zeros(head_dim // 2)]).to(device)
-        self.register_buffer("cos_sin_cache", row.expand(max_positions, head_dim), persistent=False)
+        with torch.device("cpu"):  # whatever default device the model is built under
+            row = torch.cat([torch.ones(head_dim // 2), torch.zeros(head_dim // 2)])
+        self.register_buffer("cos_sin_cache", row.to(device).expand(max_positions, head_dim), persistent=False)

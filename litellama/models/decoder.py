@@ -135,7 +135,8 @@ class DecoderModel(nn.Module):
     ):
         super().__init__()
         self.rotary = RotaryEmbedding(config, head_dim(config), config.max_position_embeddings, device)
-        self.no_rotation = NoRotation(head_dim(config), config.max_position_embeddings, device)  # NoPE layers
+        nope = not all(uses_rope(config, i) for i in range(config.num_hidden_layers))  # layers without positions
+        self.no_rotation = NoRotation(head_dim(config), config.max_position_embeddings, device) if nope else None
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         layer_cls, attn_args = layer_cls or DecoderLayer, attn_args or {}
         # a factor on the token embeddings (Gemma: the square root of the hidden size)
