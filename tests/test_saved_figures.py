@@ -5,16 +5,22 @@ A figure cell's plotted data (its axes' titles and labels, each line's x and y, 
 labels) is kept in a sidecar, `benchmarks_nb/figures/<folder>/<notebook>.json`, beside the SHA-256 of the images saved
 in that cell's outputs. The test draws every figure cell again with the Agg backend, in-process, after the notebook's
 cells that import matplotlib (a figure cell reads its own results file; the imports cell sets the one fixed style), and
-compares: a results file that changes under a figure, or an image saved without its sidecar, fails it.
+compares: a results file that changes under a figure, or an image saved without its sidecar, fails it. A lesson
+notebook's figure cell sees, besides, the names of the module the notebook exports (as its exported cells define them)
+and of its cells that only import: it draws from those, from a committed results file, or from a CPU computation of
+its own of a few seconds that counts something (tokens, blocks, bytes), never from a clock.
 
 After changing a results file or a figure cell, re-save a notebook's outputs and its sidecar with
 
     python tests/test_saved_figures.py --update benchmarks_nb/engine.ipynb [...]
 
-which executes the notebook as the docs build does, keeps its outputs, runs `nbdev-clean` on it and writes the sidecar.
+which executes the notebook as the docs build does (cells flagged gpu, slow or notest left out), keeps its outputs but
+not what went to stderr, runs `nbdev-clean` on it and writes the sidecar.
 """
 
+import ast
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -34,15 +40,8 @@ SIDECARS = ROOT / "benchmarks_nb" / "figures"
 IMAGE_TYPES = ("image/png", "image/svg+xml")
 MAX_IMAGE_BYTES = 150_000  # base64 text of one saved image: small enough for a diff and a page
 
-# Lesson notebooks that import matplotlib but keep no saved figure yet; the lead shrinks this list to empty.
-NO_SAVED_FIGURE_YET = {
-    "nbs/09_scheduler.ipynb",
-    "nbs/12_llm_engine.ipynb",
-    "nbs/26_executor.ipynb",
-    "nbs/33_spec_decode.ipynb",
-    "kernels_nb/02_rmsnorm.ipynb",
-    "kernels_nb/16_gated_delta.ipynb",
-}
+# Lesson notebooks that import matplotlib but keep no saved figure yet.
+NO_SAVED_FIGURE_YET: set = set()
 
 # Units of wall time or of rates made from it: a figure of a CPU run shows ratios and shares instead.
 WALL_TIME = re.compile(r"\b(ms|µs|us|sec|seconds|tok/s|tokens/s|req/s)\b|\(s\)|, s\b")
@@ -146,6 +145,22 @@ def plotted(fig) -> dict:
     return dict(suptitle=suptitle, axes=axes)
 
 
+def only_imports(cell: dict) -> bool:
+    "Whether a code cell does nothing but import."
+    try:
+        body = ast.parse(source(cell)).body
+    except SyntaxError:
+        return False
+    return bool(body) and all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body)
+
+
+def exported_names(nb: str) -> dict:
+    "The names the module a notebook exports to defines (`#| default_exp`), or none for a notebook that exports none."
+    code = [c for c in cells(nb) if c["cell_type"] == "code"]
+    found = re.search(r"^#\|\s*default_exp\s+(\S+)", source(code[0]), re.M) if code else None
+    return dict(vars(importlib.import_module(f"litellama.{found[1]}"))) if found else {}
+
+
 @contextmanager
 def _in_folder(folder: Path):
     here = Path.cwd()
@@ -157,7 +172,7 @@ def _in_folder(folder: Path):
 
 
 def draw(nb: str, cell_id: str, folder: Path | None = None) -> list:
-    "Run the notebook's matplotlib-importing cells, then cell `cell_id`, from `folder` (the notebook's own by default)."
+    "Run cell `cell_id` after the notebook's module and its importing cells, from `folder` (the notebook's by default)."
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,8 +181,8 @@ def draw(nb: str, cell_id: str, folder: Path | None = None) -> list:
     all_cells = [c for c in cells(nb) if c["cell_type"] == "code"]
     ids = [c["id"] for c in all_cells]
     target = all_cells[ids.index(cell_id)]
-    setup = [c for c in all_cells[: ids.index(cell_id)] if "import matplotlib" in source(c)]
-    ns = {"__name__": "__main__", "display": lambda *a, **k: None}
+    setup = [c for c in all_cells[: ids.index(cell_id)] if "import matplotlib" in source(c) or only_imports(c)]
+    ns = {**exported_names(nb), "__name__": "__main__", "display": lambda *a, **k: None}
     plt.close("all")
     with plt.rc_context(), _in_folder(folder or (ROOT / nb).parent), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Agg's "cannot show the figure"
@@ -179,14 +194,15 @@ def draw(nb: str, cell_id: str, folder: Path | None = None) -> list:
 
 
 def results_read(cell: dict) -> list:
-    "The results files a cell names."
-    return re.findall(r"[\"']([\w/]+\.json)[\"']", source(cell))
+    "The results files a cell names: a name in the notebook's `results/`, or a path from its folder (`../x/y.json`)."
+    return re.findall(r"[\"']((?:\.\./)*[\w/]+\.json)[\"']", source(cell))
 
 
 def from_cpu_run(nb: str, cell: dict) -> bool:
     "Whether a figure cell draws a results file measured on a CPU (no GPU named in the file)."
+    folder = (ROOT / nb).parent
     for name in results_read(cell):
-        path = (ROOT / nb).parent / "results" / name
+        path = folder / "results" / name if (folder / "results" / name).exists() else folder / name
         if path.exists():
             rec = json.loads(path.read_text())
             if "NVIDIA" not in str(rec.get("device", "")) and "gpu" not in rec:
@@ -278,16 +294,21 @@ def update(nb: str) -> None:
     from execnb.shell import CaptureShell
     from fastcore.nbio import read_nb, write_nb
     from nbdev.config import get_config
+    from nbdev.process import NBProcessor
     from nbdev.test import _skip_cell
 
     path = ROOT / nb
     book = read_nb(path)
     flags = get_config().tst_flags
+    flagged = NBProcessor(path, rm_directives=False, process=True).nb  # its cells know their `#|` flags
+    skip = _skip_cell(flagged, flags.split() if isinstance(flags, str) else flags, None)
+    skipped = {c.id for c in flagged.cells if skip(c)}  # markdown, and code flagged gpu, slow or notest
     shell = CaptureShell(path, mpl_format="png")  # one image per figure, at the style's dpi
     with _in_folder(path.parent):
-        shell.run_all(
-            book, exc_stop=True, preproc=_skip_cell(book, flags.split() if isinstance(flags, str) else flags, None)
-        )
+        shell.run_all(book, exc_stop=True, preproc=lambda cell: cell.id in skipped)
+    for cell in book.cells:  # progress bars and warnings are not part of the lesson
+        if cell.get("outputs"):
+            cell["outputs"] = [o for o in cell["outputs"] if o.get("name") != "stderr"]
     write_nb(book, path)
     subprocess.run([Path(sys.executable).parent / "nbdev-clean", "--fname", str(path)], check=True, cwd=ROOT)
     figures = {
