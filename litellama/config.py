@@ -409,6 +409,7 @@ UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 SERVER_OPTIONS = (  # `serve`'s keywords that are server flags (the LoRA flags go in only when asked for)
     "host", "port", "api_key", "served_model_name", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser",
     "chat_template", "generation_config", "uvicorn_log_level", "enable_log_requests", "allowed_local_media_path",
+    "enable_prompt_tokens_details",
     "pooling",
 )  # fmt: skip
 
@@ -431,6 +432,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--generation-config", default="auto", metavar="auto|vllm|FOLDER", help=defaults_help)
     add("--uvicorn-log-level", default="info", choices=UVICORN_LOG_LEVELS)
     add("--enable-log-requests", action="store_true", help="log one line per request: its id and its parameters")
+    add("--enable-prompt-tokens-details", action="store_true", help="usage says how many prompt tokens were cached")
     add("--allowed-local-media-path", default=None, help="image_url parts may name files under this directory")
     pooling_help = "how /v1/embeddings pools hidden states (default: the checkpoint's own config)"
     add("--pooling", default=None, choices=("last", "mean", "cls"), help=pooling_help)
@@ -513,6 +515,7 @@ VLLM_FLAGS |= {
     "--api-key": _S("one key; requests carry `Authorization: Bearer KEY` (/health and /metrics stay open)"),
     "--served-model-name": _S("the names the model answers to; /v1/models shows the first"),
     "--enable-auto-tool-choice": _S("requests may send tool_choice auto"),
+    "--enable-prompt-tokens-details": _S("usage reports the prompt tokens the prefix cache served"),
     "--tool-call-parser": _S("the tool-call format, by name (default: the one the chat template teaches)"),
     "--reasoning-parser": _S("split replies into reasoning_content and content: qwen3, deepseek_r1"),
     "--chat-template": _S("a Jinja template, or the file holding one, in place of the tokenizer's"),

@@ -203,7 +203,7 @@ def test_kv_aware_routes_to_the_replica_holding_the_prefix(replicas, model_dir):
         time.sleep(1.0)  # the subscriptions reach the publishers
         prompt = " ".join(f"The quick brown fox jumps over the lazy dog {i}." for i in range(12))
         want = _greedy(_client(b), prompt)  # replica 1 computes the prompt and publishes its blocks
-        time.sleep(0.5)
+        time.sleep(3.0)  # its events reach the router (half a second was not always enough under load)
         before = [_served(u) for u in (a, b)], _served(b, "litellama_prefix_cache_hit_tokens_total")
         routed = _client(url)
         for _ in range(3):

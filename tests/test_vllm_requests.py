@@ -22,7 +22,7 @@ TOOLS_TEMPLATE = (  # a Hermes-style template: it lists the tools in a system tu
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
 )
 RESET = dict(served_names=(MODEL,), tool_parser=None, enable_auto_tool_choice=True, chat_template=None,
-             trust_request_chat_template=False, generation_defaults={})
+             trust_request_chat_template=False, generation_defaults={}, enable_prompt_tokens_details=False)
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +157,15 @@ def test_chat_templates(server):
         _prompt_tokens(client, extra_body={"chat_template": words + "!!"})
     st.trust_request_chat_template = True
     assert _prompt_tokens(client, extra_body={"chat_template": words + "{{ 'Hi there' }}"}) == len(ids("Hi thereHi there"))
+
+
+# vLLM test_completion.py::test_single_completion, served with --enable-prompt-tokens-details
+def test_prompt_tokens_details_when_enabled(server):
+    _, client, st = server
+    prompt = "Hello, my name is" * 8
+    assert client.completions.create(model=MODEL, prompt=prompt, max_tokens=2).usage.prompt_tokens_details is None  # vLLM's default
+    st.enable_prompt_tokens_details = True
+    first = client.completions.create(model=MODEL, prompt="A fresh prompt, " * 8, max_tokens=2).usage
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2).usage  # its blocks were cached by the first call
+    assert first.prompt_tokens_details.cached_tokens == 0, first
+    assert 0 < again.prompt_tokens_details.cached_tokens < again.prompt_tokens, again  # whole blocks, never the last

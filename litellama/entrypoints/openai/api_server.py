@@ -338,7 +338,7 @@ def _add_generation_routes(app: Any, st: AppState) -> None:
     async def _embeddings(request: Request) -> Any:
         return await _generation(st, request, EmbeddingRequest, embeddings)
 
-    @app.post("/invocations")
+    @app.post("/invocations", include_in_schema=False)
     async def _invocations(request: Request) -> Any:  # SageMaker's one route, as vLLM serves it
         schema, handler = _INVOCATIONS[_invocation_kind(await request.body())]
         return await _generation(st, request, schema, handler)
@@ -367,13 +367,13 @@ def _add_status_routes(app: Any, st: AppState) -> None:
     async def metrics() -> Any:
         return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/version")
+    @app.get("/version", include_in_schema=False)
     async def version() -> dict:
         from importlib.metadata import version
 
         return {"version": version("litellama")}
 
-    @app.get("/load")
+    @app.get("/load", include_in_schema=False)
     async def load() -> dict:
         s = st.engine.stats
         return {"server_load": s.num_running + s.num_waiting}
@@ -419,11 +419,13 @@ def build_app(
     limits: ServerLimits | None = None, reasoning_parser: str | None = None, pooling: str | None = None,
     tool_call_parser: str | None = None, enable_auto_tool_choice: bool = True, chat_template: str | None = None,
     generation_defaults: dict | None = None, enable_log_requests: bool = False,
+    enable_prompt_tokens_details: bool = False,
 ) -> Any:  # fmt: skip
     """A FastAPI app serving `async_engine` under the names `served_model_name` (the first is the model's), within
     `limits`; the other arguments set the `AppState` fields of the same meaning (parsers by name)."""
     fastapi = _need("fastapi")
     fields: dict[str, Any] = dict(enable_auto_tool_choice=enable_auto_tool_choice, pooling=pooling)
+    fields["enable_prompt_tokens_details"] = enable_prompt_tokens_details
     fields["chat_template"], fields["generation_defaults"] = chat_template, dict(generation_defaults or {})
     fields["reasoning_parser"] = find_reasoning_parser(reasoning_parser) if reasoning_parser is not None else None
     fields["tool_parser"] = find_tool_parser(tool_call_parser) if tool_call_parser is not None else None
@@ -528,7 +530,7 @@ def serve(
     allowed_local_media_path: str | None = None, reasoning_parser: str | None = None, pooling: str | None = None,
     lora_modules: list | dict | None = None, tool_call_parser: str | None = None, enable_auto_tool_choice: bool = True,
     chat_template: str | None = None, generation_config: str = "auto", uvicorn_log_level: str = "info",
-    enable_log_requests: bool = False, **engine_options: Any,
+    enable_log_requests: bool = False, enable_prompt_tokens_details: bool = False, **engine_options: Any,
 ) -> int:  # fmt: skip
     """Load `model_dir` (a folder or a hub id; default: the bundled model) and serve it over HTTP until SIGTERM or
     Ctrl-C; `lora_modules` (`name=path` items, with `enable_lora=True`) are adapters served as models of their own."""
@@ -545,7 +547,7 @@ def serve(
         engine, served_model_name or default_model_name(engine), api_key, limits, reasoning_parser, pooling,
         tool_call_parser=tool_call_parser, enable_auto_tool_choice=enable_auto_tool_choice, chat_template=template,
         generation_defaults=_generation_defaults(engine.engine.model_dir, generation_config),
-        enable_log_requests=enable_log_requests,
+        enable_log_requests=enable_log_requests, enable_prompt_tokens_details=enable_prompt_tokens_details,
     )  # fmt: skip
     app.state.litellama.allowed_local_media_path = allowed_local_media_path  # image files may come from here only
     _add_loras(engine, app.state.litellama, loras)

@@ -344,7 +344,7 @@ async def chat_completions(st: AppState, req: ChatRequest) -> dict | AsyncIterat
     "POST /v1/chat/completions."
     s = await start_chat(st, req)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    usage = lambda: _usage(s.prompt_tokens, s.run.num_out, sum(s.run.cached.values()))
+    usage = lambda: _usage(s.prompt_tokens, s.run.num_out, s.run.cached_tokens)
     if not req.stream:
         choices = await _chat_choices(s.settings, s.first, s.it)
         body = {"id": cid, "object": "chat.completion", "created": created, "model": served_name(st)}

@@ -187,7 +187,7 @@ async def completions(st: AppState, req: CompletionRequest) -> dict | AsyncItera
     tok = TokenIdNames() if req.return_tokens_as_token_ids else st.engine.engine.tokenizer
     lp = functools.partial(_completion_lp, tok, req.logprobs)
     c = _Prompts(params.n, prompts, heads, echo_lp, lp, prompt_lp, req.return_token_ids)
-    usage = lambda: _usage(sum(map(len, prompts)), run.num_out, sum(run.cached.values()))
+    usage = lambda: _usage(sum(map(len, prompts)), run.num_out, run.cached_tokens)
     if not req.stream:
         choices = await _completion_choices(req, c, first, it)
         body = {"id": cid, "object": "text_completion", "created": created, "model": served_name(st)}

@@ -228,6 +228,7 @@ class AppState:
     chat_template: str | None = None  # `--chat-template`: replaces the tokenizer's template
     trust_request_chat_template: bool = False  # may a request bring its own `chat_template`?
     generation_defaults: dict = field(default_factory=dict)  # sampling fields a request leaves out (generation_config)
+    enable_prompt_tokens_details: bool = False  # usage says how many prompt tokens the prefix cache served
 
 
 # %% ../../../nbs/15e_openai_serving.ipynb #e6b14281
@@ -271,6 +272,11 @@ class _Run:
         self.done: set[tuple[int, int]] = set()  # (prompt, index) of finished completions
         self.finish_reasons: dict[tuple[int, int], str | None] = {}
         self.cached: dict[int, int] = {}  # prompt -> its tokens the prefix cache served (its first completion's)
+
+    @property
+    def cached_tokens(self) -> int | None:
+        "The prompt tokens the prefix cache served, when the server reports them (else None)."
+        return sum(self.cached.values()) if self.st.enable_prompt_tokens_details else None
 
     async def _pump(self, q: asyncio.Queue, i: int, ids: list[int]) -> None:
         "Put prompt `i`'s outputs on `q`, then None; an exception that ends it goes on `q` too."
@@ -367,13 +373,14 @@ class _Run:
 
 
 # %% ../../../nbs/15e_openai_serving.ipynb #fa4bbd77
-def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    "OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache served."
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    "OpenAI's usage; with `cached_tokens` (vLLM: `--enable-prompt-tokens-details`), the prompt tokens cached."
+    details = {} if cached_tokens is None else {"prompt_tokens_details": {"cached_tokens": cached_tokens}}
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        **details,
     }
 
 
