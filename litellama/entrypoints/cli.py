@@ -402,6 +402,7 @@ def _given_options(a: argparse.Namespace) -> list[str]:
     return words
 
 
+# %% ../../nbs/16_cli.ipynb #a08785e1
 def cmd_bench(a: argparse.Namespace) -> None:
     "List the suites, run one into its results file, compare two trees, or render the report."
     from litellama.benchmarks import suites
