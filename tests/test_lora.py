@@ -17,6 +17,8 @@ from litellama.models.lora import AdapterError, LoRARequest
 from litellama.sampling_params import SamplingParams
 from litellama.testing.checkpoints import make_random_checkpoint
 
+DEVICE = os.environ.get("LITELLAMA_TEST_DEVICE", "cpu")  # "cuda": the same checks on a GPU
+
 ADAPTERS = {  # different ranks, alphas and target sets, rsLoRA among them
     "qv": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     "mlp_rs": dict(r=8, lora_alpha=16, use_rslora=True, target_modules=["gate_proj", "up_proj", "down_proj"]),
@@ -54,7 +56,7 @@ def lora_setup(request, tmp_path_factory):
     base = make_random_checkpoint(request.param, tmp / "base", dtype=torch.float32)
     reqs = write_adapters(base, tmp)
     llm = LLM(
-        str(base), dtype="float32", device="cpu", enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=3,
+        str(base), dtype="float32", device=DEVICE, enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=3,
         block_size=4, num_kv_blocks=14, max_num_batched_tokens=12, max_num_seqs=8,
     )  # fmt: skip
     yield base, reqs, llm
@@ -131,10 +133,10 @@ def test_errors_in_one_line(lora_setup, tmp_path):
     sp = SamplingParams(max_tokens=2)
     with pytest.raises(AdapterError, match="adapter 'nowhere': no adapter_config.json in"):
         llm.generate([[1, 2, 3]], sp, False, lora_request=LoRARequest("nowhere", 50, str(tmp_path / "nowhere")))
-    small = LLM(str(base), dtype="float32", device="cpu", enable_lora=True, max_lora_rank=8, num_kv_blocks=16)
+    small = LLM(str(base), dtype="float32", device=DEVICE, enable_lora=True, max_lora_rank=8, num_kv_blocks=16)
     with pytest.raises(AdapterError, match="adapter 'ko': rank r=16 is over max_lora_rank=8"):
         small.generate([[1, 2, 3]], sp, False, lora_request=reqs["ko"])
-    off = LLM(str(base), dtype="float32", device="cpu", num_kv_blocks=16)
+    off = LLM(str(base), dtype="float32", device=DEVICE, num_kv_blocks=16)
     with pytest.raises(ValueError, match="LoRA request for adapter 'qv' but this engine was built without enable_lora"):
         off.generate([[1, 2, 3]], sp, False, lora_request=reqs["qv"])
     with pytest.raises(ValueError, match="2 prompts but 1 LoRA requests"):

@@ -3,6 +3,7 @@ untied 16-bit LM head, quantized by the `compressed-tensors` library (and FP8 bl
 the engine (batched, chunked prefill, preemption) give transformers' greedy tokens on their dequantized twins."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -14,6 +15,8 @@ from litellama.engine.llm_engine import ContinuousBatchingEngine
 from litellama.models.loader import load_model
 from litellama.sampling_params import SamplingParams
 from litellama.testing.checkpoints import make_random_checkpoint
+
+DEVICE = os.environ.get("LITELLAMA_TEST_DEVICE", "cpu")  # "cuda": the same checks on a GPU
 
 ct = pytest.importorskip("compressed_tensors")
 from compressed_tensors.compressors import ModelCompressor  # noqa: E402
@@ -128,7 +131,7 @@ def write_fp8_block(src, out, with_list):
 
 def engine_greedy(d, prompts, n=STEPS):
     eng = ContinuousBatchingEngine.from_pretrained(
-        d, dtype="float32", device="cpu", num_kv_blocks=12, block_size=8, max_num_batched_tokens=16
+        d, dtype="float32", device=DEVICE, num_kv_blocks=12, block_size=8, max_num_batched_tokens=16
     )
     rids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=n, min_tokens=n)) for p in prompts]
     outs = {}
@@ -153,7 +156,7 @@ PROMPTS = [torch.randint(3, 300, (k,), generator=torch.Generator().manual_seed(5
 
 def check(qdir, plain, method):
     "The layers are quantized as the checkpoint says (the LM head 16-bit), and the engine gives the twin's tokens."
-    m, _ = load_model(qdir, dtype="float32", device="cpu")
+    m, _ = load_model(qdir, dtype="float32", device=DEVICE)
     assert type(m.model.layers[0].self_attn.qkv_proj.method).__name__ == method
     assert type(m.model.layers[1].mlp.down_proj.method).__name__ == method
     assert type(m.lm_head.method).__name__ == "Unquantized" and m.lm_head.weight.dtype == torch.float32

@@ -477,8 +477,8 @@ def _launch_chunked(q, k, v, g, beta, cu_seqlens, out, state, state_slots, has_s
     Hk, Hv, Dk, Dv = k.shape[1], v.shape[1], k.shape[2], v.shape[2]
     w = torch.empty(v.shape[0], Hv, Dk, dtype=torch.float32, device=v.device)
     u = torch.empty(v.shape[0], Hv, Dv, dtype=torch.float32, device=v.device)
-    BK, BV, n = max(16, triton.next_power_of_2(Dk)), max(16, min(triton.next_power_of_2(Dv), 32)), state_slots.shape[0]
-    sizes = dict(GROUP=Hv // Hk, DK=Dk, DV=Dv, BK=BK, BV=BV, C=C, L2NORM=l2norm)
+    BK, BV, n = max(16, triton.next_power_of_2(Dk)), 16, state_slots.shape[0]
+    sizes = dict(GROUP=Hv // Hk, DK=Dk, DV=Dv, BK=BK, BV=BV, C=C, L2NORM=l2norm, num_warps=8, num_stages=1)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _chunk_local_kernel[(n, triton.cdiv(max_seqlen, C), Hv)](
         k, v, g, beta, w, u, cu_seqlens, *k.stride()[:2], *v.stride()[:2], DOT_PREC=prec, **sizes
