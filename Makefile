@@ -56,6 +56,10 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check litellama $(wildcard nbs/*.ipynb kernels_nb/*.ipynb benchmarks_nb/*.ipynb)
 	$(BIN)/mypy
 
+# The lessons and the tests run a CPU's decode steps eagerly (nbs/11b_cpu.ipynb): their many small engines would spend
+# longer compiling than running. nbs/11b_cpu.ipynb and tests/test_cpu_compile.py clear it to check the compiled path.
+nbtest pytest soak docs: export LITELLAMA_CPU_COMPILE ?= 0
+
 nbtest: $(VENV)/.dev
 	$(BIN)/nbdev-test --n-workers 2 --timing
 

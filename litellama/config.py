@@ -128,7 +128,6 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0
     enforce_eager: bool = False
-    cpu_compile: bool = False  # a CPU's decode steps through torch.compile (nbs/11b_cpu)
 
     def __post_init__(self):
         _check_dtype(self.dtype)
@@ -271,8 +270,7 @@ CLI_FLAGS = {  # field: (flag, help); `bool` fields are switches that set the fi
     "quantization": ("--quantization", "quantize a 16-bit checkpoint as it loads (a quantized checkpoint needs none)"),
     "max_model_len": ("--max-model-len", "longest prompt + output (default: the model's)"),
     "seed": ("--seed", "seeds the requests that bring no seed of their own (default 0)"),
-    "enforce_eager": ("--enforce-eager", "no CUDA graphs: every step runs eagerly"),
-    "cpu_compile": ("--cpu-compile", "a CPU's decode steps through torch.compile: faster, after a first compile"),
+    "enforce_eager": ("--enforce-eager", "no CUDA graphs, no compiled CPU decode step: every step runs eagerly"),
     "block_size": ("--block-size", "tokens per KV cache block, a power of two (default 16)"),
     "num_kv_blocks": ("--num-kv-blocks", "KV cache blocks (default: from --kv-cache-memory or the free GPU memory)"),
     "kv_cache_memory": ("--kv-cache-memory", "KV cache bytes (default: a share of the free GPU memory)"),
@@ -340,7 +338,7 @@ def json_object(text: str) -> dict:
 _TYPES["speculative_config"] = _TYPES["kv_events_config"] = json_object
 
 # %% ../nbs/00_config.ipynb #c36d3505
-_SWITCHES = {"enforce_eager": True, "cpu_compile": True}  # one-way switches: the value each sets
+_SWITCHES = {"enforce_eager": True}  # one-way switches: the value each sets
 _TWO_WAY = {  # `--flag` sets True, `--no-flag` False; the value is the old spelling of `--no-flag`
     "enable_prefix_caching": "--no-prefix-caching",
     "async_scheduling": "--no-overlap",
@@ -563,7 +561,7 @@ VLLM_FLAGS |= {
     "--limit-mm-per-prompt": _U("litellama caps no images per prompt; --max-model-len bounds a prompt's tokens"),
     "--mm-processor-kwargs": _U("the image processor runs with the checkpoint's own settings"),
     "--quantization-param-path": _U("litellama reads no KV-cache scale files"),
-    "--compilation-config, -O": _U("--enforce-eager turns CUDA graphs off; --cpu-compile compiles a CPU's steps"),
+    "--compilation-config, -O": _U("--enforce-eager turns CUDA graphs and a CPU's compiled decode steps off"),
     "--cuda-graph-sizes, --max-seq-len-to-capture": _U("litellama picks its CUDA graph sizes; --enforce-eager: none"),
     "--cpu-offload-gb": _U("the weights stay on the device; a quantized checkpoint or --quantization makes them fit"),
     "--enable-expert-parallel": _U("no expert parallelism; -tp splits every layer"),

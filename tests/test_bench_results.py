@@ -40,6 +40,98 @@ def test_current_figures_are_reproducible(path):
         assert (ROOT / script).exists(), f"{path.name}: {script} is not in the tree"
 
 
+EXACT_COMMIT = re.compile(r"[0-9a-f]{40}")
+LINKED = re.compile(r"benchmarks_nb/results/([\w.-]+\.json)")
+# Current GPU results files recorded before the record asked for an exact commit and each peer's configuration. The
+# information is not in them (a short hash, an engine without its options), and this machine has no GPU: the GPU
+# issue re-measures them; until then each stays, listed here with what it lacks.
+GPU_KNOWN = {
+    "gemv8.json": "commit a2ec6e7 (short)",
+    "kernels_head_sizes.json": "commit 5ec19d4 (short)",
+    "llava_7b.json": "commit e301793 (short)",
+    "moe.json": "commit c0c4cc3 (short)",
+    "moe_30b_a3b.json": "commit e301793 (short)",
+    "moe_decode_path.json": "commit 43c569a (short)",
+    "quant8_gemm_sweep.json": "commit cc4af21 (short)",
+    "qwen3_vl_4b.json": "commit 84fc491 (short)",
+    "serving_structured.json": "commit 55f6f3d (short)",
+    "w4.json": "commit a2cdcbe+wgmma (short, and a tree that is not a commit)",
+    "w4_sass.json": "commit 2040fbe (short)",
+    "w8.json": "commit c90d156 (short)",
+    "w8_serving.json": "commit 24c28ba (short)",
+    "vs_hf.json": "HF ran without its configuration recorded (its generate as it comes; no static cache + compile row)",
+}
+
+
+def peers(rec: dict) -> set:
+    "The engines a results file compares: each row's `engines`, or its per-engine `tok_s`."
+    rows = rec.get("rows") if isinstance(rec.get("rows"), list) else []
+    out: set = set()
+    for row in rows:
+        for key in ("engines", "tok_s"):
+            if isinstance(row, dict) and isinstance(row.get(key), dict):
+                out |= set(row[key])
+    return out
+
+
+def shortfalls(rec: dict) -> list:
+    "What a current results file lacks: an exact commit (40 hex), each compared engine's recorded configuration."
+    bad = []
+    commit = (rec.get("tree") or {}).get("commit") if isinstance(rec.get("tree"), dict) else None
+    if not (isinstance(commit, str) and EXACT_COMMIT.fullmatch(commit)):
+        bad.append(f"no exact commit (40 hex): {commit!r}")
+    configs = rec.get("configs") if isinstance(rec.get("configs"), dict) else {}
+    bad += [f"peer {e!r} without its configuration ('configs')" for e in sorted(peers(rec)) if not configs.get(e)]
+    return bad
+
+
+def table_devices(table: str, results: Path = RESULTS) -> set:
+    "The devices of the results files a rendered table links to (one per machine: a table of one machine has one)."
+    return {json.loads((results / n).read_text()).get("device") for n in set(LINKED.findall(table))}
+
+
+def test_shortfalls_catch_what_they_should():
+    good = dict(tree=dict(commit="0123456789abcdef0123456789abcdef01234567"), rows=[dict(engines=dict(a={}, b={}))])
+    good["configs"] = dict(a=dict(env={}), b=dict(env={"X": "1"}))
+    assert shortfalls(good) == []
+    assert shortfalls(dict(good, tree=dict(commit="0123456"))) == ["no exact commit (40 hex): '0123456'"]
+    assert shortfalls(dict(good, configs=dict(a=dict(env={})))) == ["peer 'b' without its configuration ('configs')"]
+    assert shortfalls(dict(good, rows=[dict(tok_s=dict(c=1.0))])) == ["peer 'c' without its configuration ('configs')"]
+
+
+def test_table_devices_catch_a_mixed_table(tmp_path):
+    for name, dev in (("a.json", "NVIDIA H100"), ("b.json", "AMD EPYC"), ("c.json", "AMD EPYC")):
+        (tmp_path / name).write_text(json.dumps(dict(device=dev)))
+    row = "| x | 1 | — | [`{0}`](benchmarks_nb/results/{0}) |"
+    assert table_devices("\n".join(row.format(n) for n in ("b.json", "c.json")), tmp_path) == {"AMD EPYC"}
+    assert len(table_devices("\n".join(row.format(n) for n in ("a.json", "b.json")), tmp_path)) == 2
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
+def test_current_files_name_their_commit_and_peers(path):
+    "A current results file names its exact commit and every compared engine's configuration (GPU_KNOWN aside)."
+    bad = shortfalls(json.loads(path.read_text()))
+    if path.name in GPU_KNOWN:
+        assert bad, f"{path.name} is whole now: take it off GPU_KNOWN"
+        pytest.xfail(f"{path.name}: {GPU_KNOWN[path.name]} (re-measured by the GPU issue)")
+    assert bad == [], f"{path.name}: {bad}"
+
+
+def test_history_files_say_why_they_moved():
+    "A CPU results file that fell short moved to history with a line saying why (`moved_to_history`)."
+    for name in ("cpu_peers.json", "cpu_profile.json"):
+        rec = json.loads((HISTORY / name).read_text())
+        assert isinstance(rec.get("moved_to_history"), str) and rec["moved_to_history"], name
+
+
+def test_each_rendered_table_is_one_machine():
+    from litellama.benchmarks import report
+
+    for name, render in report.RENDERERS.items():
+        devices = table_devices(render())
+        assert len(devices) <= 1, f"the rendered table {name!r} mixes devices: {sorted(map(str, devices))}"
+
+
 def test_nothing_is_named_after_an_issue_or_a_commit():
     named = [p for p in (ROOT / "benchmarks_nb").rglob("*") if COMMIT_OR_ISSUE.search(p.name)]
     assert not named, f"named after an issue or a commit (the commit belongs inside the file): {named}"

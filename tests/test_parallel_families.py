@@ -1,6 +1,6 @@
 """Tensor parallelism beyond Llama: tiny Qwen3-MoE (experts sharded), Phi-3 (fused checkpoint tensors, longrope with a
-switch the prompts cross), Gemma 2, Gemma 3 (one kv head: replicated) and SmolLM3 give tp = 1's greedy tokens at tp = 2,
-each rank a gloo process on the CPU."""
+switch the prompts cross), Gemma 2, Gemma 3 (one kv head: replicated), SmolLM3 and gpt-oss (a sink per attention head,
+experts with biases) give tp = 1's greedy tokens at tp = 2, each rank a gloo process on the CPU."""
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
@@ -42,6 +42,11 @@ FAMILIES = {
                                   query_pre_attn_scalar=16, layer_types=["sliding_attention", "sliding_attention",
                                                                          "full_attention"])),
     "smollm3": ("tiny-llama", dict(_BASE, model_type="smollm3", num_hidden_layers=4, no_rope_layer_interval=2)),
+    "gpt-oss": ("tiny-llama", dict(_BASE, model_type="gpt_oss", intermediate_size=32, head_dim=16, num_hidden_layers=4,
+                                   sliding_window=8, num_local_experts=4, num_experts_per_tok=2, swiglu_limit=1.0,
+                                   max_position_embeddings=256, rope_parameters={
+                                       "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                       "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64})),
 }
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ __all__ = [
     "ROWS",
     "QUICK_ROWS",
     "DTYPES",
+    "CONFIGS",
     "ENGINES",
     "PROTOCOL",
     "HF_CHILD",
@@ -18,6 +19,8 @@ __all__ = [
     "CHILDREN",
     "same_tokens",
     "row_jobs",
+    "cores",
+    "peer_config",
     "run_child",
     "make_vllm_env",
     "vllm_python",
@@ -57,7 +60,24 @@ def same_tokens(ours: list, theirs: list, eos: int | None = None) -> dict:
 ROWS = [(1, 128, 128), (16, 128, 64), (64, 128, 128)]  # (batch, prompt tokens, generated tokens)
 QUICK_ROWS = [(1, 8, 4), (2, 8, 4)]
 DTYPES = ("bfloat16", "float32")
-ENGINES = ("litellama", "hf", "vllm")
+CONFIGS = {  # each peer configuration: the child it runs, its options and environment ("{cores}": every core)
+    "litellama": dict(child="litellama", options=dict(enforce_eager=False), env={}, about="the default path"),
+    "litellama_eager": dict(child="litellama", options=dict(enforce_eager=True), env={}, about="enforce_eager=True"),
+    "hf": dict(child="hf", options=dict(static_compile=False), env={}, about="generate() as it comes (eager)"),
+    "hf_compiled": dict(
+        child="hf", options=dict(static_compile=True), env={}, about="a static cache, the forward through torch.compile"
+    ),
+    "vllm": dict(
+        child="vllm",
+        options={},
+        env=dict(VLLM_CPU_OMP_THREADS_BIND="{cores}", VLLM_CPU_NUM_OF_RESERVED_CPU="0", VLLM_CPU_KVCACHE_SPACE="2"),
+        about="its threads bound to every core, none reserved for its scheduler",
+    ),
+    "vllm_default": dict(
+        child="vllm", options={}, env=dict(VLLM_CPU_KVCACHE_SPACE="2"), about="its default binding (auto)"
+    ),
+}
+ENGINES = ("litellama", "hf", "hf_compiled", "vllm", "vllm_default")  # the default set; litellama_eager on request
 
 # %% ../../benchmarks_nb/02_cpu_peers.ipynb #5911a8e4
 PROTOCOL = r"""
@@ -67,15 +87,16 @@ def protocol(generate, job):
     out = []
     for row in job["rows"]:
         prompts, gen = row["prompts"], row["generated"]
-        generate(prompts, gen)
+        t = time.perf_counter(); generate(prompts, gen); warmup = time.perf_counter() - t
         for r in range(job["rounds"]):
             t = time.perf_counter(); generate(prompts, 1); first = time.perf_counter() - t
             t = time.perf_counter(); toks = generate(prompts, gen); full = time.perf_counter() - t
             out.append(dict(batch=len(prompts), prompt=len(prompts[0]), generated=gen, round=r,
                             ttft_s=first, seconds=full, output_tokens=sum(map(len, toks)),
-                            tokens=toks if r == 0 else None))
+                            tokens=toks if r == 0 else None, warmup_s=warmup if r == 0 else None))
     return out
 job = json.loads(sys.argv[1])
+opts, t_start = job.get("options", {}), time.perf_counter()
 MARK = "litellama-peer-result: "  # engines print their own logs to stdout: the result line is marked
 """
 
@@ -86,13 +107,21 @@ HF_CHILD = (
 import torch, transformers
 torch.set_num_threads(job["threads"])
 m = transformers.AutoModelForCausalLM.from_pretrained(job["model"], dtype=getattr(torch, job["dtype"])).eval()
+longest = max(len(r["prompts"][0]) + r["generated"] for r in job["rows"])
+if opts.get("static_compile"):  # HF's fast path: a static cache, the forward compiled
+    m.forward = torch.compile(m.forward)
 def generate(prompts, gen):
     ids = torch.tensor(prompts)
+    cache = {}
+    if opts.get("static_compile"):
+        cache = dict(past_key_values=transformers.StaticCache(config=m.config, max_cache_len=longest))
     with torch.inference_mode():
         out = m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen, min_new_tokens=gen,
-                         do_sample=False, pad_token_id=0)
+                         do_sample=False, pad_token_id=0, **cache)
     return out[:, ids.shape[1]:].tolist()
-print(MARK + json.dumps(dict(engine="hf", version=transformers.__version__, runs=protocol(generate, job))))
+startup = time.perf_counter() - t_start
+runs = protocol(generate, job)
+print(MARK + json.dumps(dict(engine="hf", version=transformers.__version__, startup_s=startup, runs=runs)))
 """
 )
 
@@ -106,13 +135,15 @@ import litellama
 from litellama.entrypoints.llm import LLM
 from litellama.sampling_params import SamplingParams
 most = max(len(r["prompts"]) for r in job["rows"])
-llm = LLM(job["model"], dtype=job["dtype"], device="cpu", max_num_seqs=max(64, most), cpu_compile=job["compile"])
+llm = LLM(job["model"], dtype=job["dtype"], device="cpu", max_num_seqs=max(64, most), **opts)
+startup, compiled = time.perf_counter() - t_start, llm.engine.runner.compiled is not None
 def generate(prompts, gen):
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True), use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 from litellama.kernels.cpu_linear import TABLE
 out = dict(engine="litellama", version=litellama.__version__, runs=protocol(generate, job))
-print(MARK + json.dumps(dict(out, product_orders=TABLE.summary())))  # the orders this CPU picked
+out.update(startup_s=startup, compiled_decode=compiled, product_orders=TABLE.summary())  # the orders this CPU picked
+print(MARK + json.dumps(out))
 """
 )
 
@@ -131,7 +162,9 @@ def generate(prompts, gen):
     sp = vllm.SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
-print(MARK + json.dumps(dict(engine="vllm", version=vllm.__version__, runs=protocol(generate, job))))
+startup = time.perf_counter() - t_start
+runs = protocol(generate, job)
+print(MARK + json.dumps(dict(engine="vllm", version=vllm.__version__, startup_s=startup, runs=runs)))
 """
 )
 
@@ -153,14 +186,29 @@ def row_jobs(rows: list) -> list:
 
 
 # %% ../../benchmarks_nb/02_cpu_peers.ipynb #c583021a
-def run_child(engine: str, python: str, job: dict, env: dict | None = None) -> dict:
-    "Run `engine`'s child under `python` with `job`; its JSON, or `{'error': ...}` naming how it failed."
-    cmd = [python, "-c", CHILDREN[engine], json.dumps(job)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+def cores() -> str:
+    "The cores this process may run on, as vLLM's `VLLM_CPU_OMP_THREADS_BIND` spells them: `0-1`, or `0,2,5`."
+    ids = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return f"{ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else ",".join(map(str, ids))
+
+
+def peer_config(name: str) -> dict:
+    "Configuration `name` of `CONFIGS` as it runs here: its environment resolved (every core named)."
+    if name not in CONFIGS:
+        raise ValueError(f"unknown peer configuration {name!r} (choose from {', '.join(CONFIGS)})")
+    c = CONFIGS[name]
+    return dict(c, env={k: v.format(cores=cores()) for k, v in c["env"].items()})
+
+
+def run_child(name: str, python: str, job: dict, env: dict | None = None) -> dict:
+    "Run configuration `name`'s child under `python` with `job`; its JSON, or `{'error': ...}` naming how it failed."
+    c = peer_config(name)
+    cmd = [python, "-c", CHILDREN[c["child"]], json.dumps(dict(job, options=c["options"]))]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **c["env"], **(env or {})})
     found = [ln for ln in r.stdout.splitlines() if ln.startswith(MARK)]
     if r.returncode != 0 or not found:
-        return dict(engine=engine, error=f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[-2000:]}")
-    return json.loads(found[-1][len(MARK) :])
+        return dict(engine=name, error=f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[-2000:]}")
+    return dict(json.loads(found[-1][len(MARK) :]), engine=name)
 
 
 # %% ../../benchmarks_nb/02_cpu_peers.ipynb #e99160f6
@@ -202,6 +250,7 @@ def summarize(results: list, eos: int | None) -> list:
                 tok_s=_median([r["output_tokens"] / r["seconds"] for r in runs]),
                 ttft_ms=_median([r["ttft_s"] * 1e3 for r in runs]),
                 tpot_ms=_median([(r["seconds"] - r["ttft_s"]) / max(g - 1, 1) * 1e3 for r in runs]),
+                first_run_s=max((r["warmup_s"] for r in runs if r.get("warmup_s") is not None), default=None),
             )
         ours = row["engines"].get("litellama")
         row["ratio"] = {e: ours["tok_s"] / v["tok_s"] for e, v in row["engines"].items() if ours and e != "litellama"}

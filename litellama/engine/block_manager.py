@@ -55,6 +55,7 @@ class BlockManager:
         self.free = OrderedDict((i, None) for i in range(num_blocks))  # LRU order, front evicted first
         self.cached: dict = {}  # hash -> block id
         self.on_kv_event = on_kv_event  # called with the events of each change to `cached`; None: no events built
+        self.state_slots: Any = None  # a hybrid model's `StateSlots` (08c_state_cache): one per running sequence
 
 
 # %% ../../nbs/08a_block_manager.ipynb #a00dae91
@@ -97,6 +98,8 @@ def lookup_prefix(self: BlockManager, seq: Sequence) -> list:
 def can_allocate(self: BlockManager, seq: Sequence, num_tokens: int, hits: list | tuple = ()) -> bool:
     "Are there free blocks for `seq` to hold `num_tokens` tokens, after taking the prefix `hits`?"
     need = self.blocks_needed(num_tokens) - len(seq.block_table) - len(hits)
+    if self.state_slots is not None and seq.state_slot < 0 and not self.state_slots.num_free:
+        return False  # no state slot for a sequence that holds none
     if not hits:
         return need <= len(self.free)
     return need + sum(1 for b in hits if self.blocks[b].ref_count == 0) <= len(self.free)
@@ -105,7 +108,10 @@ def can_allocate(self: BlockManager, seq: Sequence, num_tokens: int, hits: list 
 # %% ../../nbs/08a_block_manager.ipynb #00702506
 @patch
 def allocate(self: BlockManager, seq: Sequence, num_tokens: int, hits: list | tuple = ()) -> None:
-    "Give `seq` the prefix `hits` (shared) and fresh blocks until it can hold `num_tokens` tokens."
+    """Give `seq` the prefix `hits` (shared) and fresh blocks until it can hold `num_tokens` tokens (and a state slot,
+    for a hybrid model)."""
+    if self.state_slots is not None and seq.state_slot < 0:
+        seq.state_slot = self.state_slots.take()
     for bid in hits:
         b = self.blocks[bid]
         if b.ref_count == 0:
@@ -157,12 +163,15 @@ def cache_full_blocks(self: BlockManager, seq: Sequence) -> None:
 # %% ../../nbs/08a_block_manager.ipynb #5b0ec50c
 @patch
 def free_seq(self: BlockManager, seq: Sequence) -> None:
-    "Release `seq`'s blocks, last block first so that a prefix's tail is evicted before its head."
+    "Release `seq`'s blocks (and state slot), last block first so that a prefix's tail is evicted before its head."
     for bid in reversed(seq.block_table[seq.num_released_blocks :]):
         b = self.blocks[bid]
         b.ref_count -= 1
         if b.ref_count == 0:
             self.free[bid] = None
+    if self.state_slots is not None and seq.state_slot >= 0:  # its state goes too: a recompute starts from zeros
+        self.state_slots.release(seq.state_slot)
+        seq.state_slot = -1
     seq.block_table, seq.num_computed_tokens, seq.num_cached_blocks, seq.num_released_blocks = [], 0, 0, 0
 
 

@@ -65,43 +65,49 @@ class DraftModelProposer(Proposer):
             if seq is not None:
                 self.bm.free_seq(seq)
 
-    def _sync(self, seq_id: int, token_ids: Seq[int]) -> Sequence:
-        "The draft's sequence for `seq_id`, holding `token_ids`, its computed prefix cut to what still matches."
-        seq = self.seqs.get(seq_id)
-        if seq is None:
-            seq = self.seqs[seq_id] = Sequence(seq_id, list(token_ids), len(token_ids))
-            return seq
-        # the last token is computed again even when the cache holds it: its logits give the first draft
-        keep = min(_common_prefix(seq.token_ids[: seq.num_computed_tokens], list(token_ids)), len(token_ids) - 1)
-        seq.token_ids, seq.num_computed_tokens = list(token_ids), keep
-        release_tail_blocks(self.bm, seq)
-        return seq
 
-    def _forward(self, seqs: list) -> list:
-        "`(seq, its argmax next token)` for each of `seqs` the cache could hold, after computing all its tokens."
-        todo = []
-        for seq in seqs:
-            if self.bm.can_allocate(seq, seq.num_tokens):
-                self.bm.allocate(seq, seq.num_tokens)
-                todo.append(seq)
-            else:  # no room in the draft's cache: this sequence drafts no more now
-                self.release([seq.seq_id])
-        out: list = []
-        while todo:
-            plan, budget = SchedulerOutput(), self.max_tokens
-            for seq in todo:
-                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-                if n > 0:
-                    plan.scheduled.append((seq, n))
-                    budget -= n
-            plan.scheduled.sort(key=lambda sn: plan.is_decode(*sn))  # prefill chunks first, then decodes
-            logits = self.runner.execute(plan)
-            ends = [s for s, n in plan.scheduled if s.num_computed_tokens + n == s.num_tokens]
-            for seq, n in plan.scheduled:
-                seq.num_computed_tokens += n
-            out += zip(ends, greedy(logits).tolist(), strict=True)
-            todo = [s for s in todo if s.num_computed_tokens < s.num_tokens]
-        return out
+# %% ../../nbs/33a_draft_model.ipynb #08b5c063
+@patch
+def _sync(self: DraftModelProposer, seq_id: int, token_ids: Seq[int]) -> Sequence:
+    "The draft's sequence for `seq_id`, holding `token_ids`, its computed prefix cut to what still matches."
+    seq = self.seqs.get(seq_id)
+    if seq is None:
+        seq = self.seqs[seq_id] = Sequence(seq_id, list(token_ids), len(token_ids))
+        return seq
+    # the last token is computed again even when the cache holds it: its logits give the first draft
+    keep = min(_common_prefix(seq.token_ids[: seq.num_computed_tokens], list(token_ids)), len(token_ids) - 1)
+    seq.token_ids, seq.num_computed_tokens = list(token_ids), keep
+    release_tail_blocks(self.bm, seq)
+    return seq
+
+
+# %% ../../nbs/33a_draft_model.ipynb #b4b81b0e
+@patch
+def _forward(self: DraftModelProposer, seqs: list) -> list:
+    "`(seq, its argmax next token)` for each of `seqs` the cache could hold, after computing all its tokens."
+    todo = []
+    for seq in seqs:
+        if self.bm.can_allocate(seq, seq.num_tokens):
+            self.bm.allocate(seq, seq.num_tokens)
+            todo.append(seq)
+        else:  # no room in the draft's cache: this sequence drafts no more now
+            self.release([seq.seq_id])
+    out: list = []
+    while todo:
+        plan, budget = SchedulerOutput(), self.max_tokens
+        for seq in todo:
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n > 0:
+                plan.scheduled.append((seq, n))
+                budget -= n
+        plan.scheduled.sort(key=lambda sn: plan.is_decode(*sn))  # prefill chunks first, then decodes
+        logits = self.runner.execute(plan)
+        ends = [s for s, n in plan.scheduled if s.num_computed_tokens + n == s.num_tokens]
+        for seq, n in plan.scheduled:
+            seq.num_computed_tokens += n
+        out += zip(ends, greedy(logits).tolist(), strict=True)
+        todo = [s for s in todo if s.num_computed_tokens < s.num_tokens]
+    return out
 
 
 # %% ../../nbs/33a_draft_model.ipynb #08c4517f

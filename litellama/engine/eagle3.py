@@ -18,16 +18,19 @@ from ..models.eagle3 import Eagle3Head, aux_layer_ids, draft_rows, hook_layer_in
 from ..models.model_dir import resolve_model_dir
 
 
-# %% ../../nbs/33b_eagle3.ipynb #e539ee93
-class Eagle3Proposer(Proposer):
-    "Greedy drafts from an EAGLE-3 head, fed the target's aux hidden states of each sequence."
+# %% ../../nbs/33b_eagle3.ipynb #7c04a3f1
+class _Eagle3States:
+    "Each sequence's fused hidden states, as the target computed them: taken after each forward, cut back, forgotten."
 
-    def __init__(self, head: Eagle3Head, target: Any = None, layer_ids: Sequence[int] = ()):
-        self.head, self.layer_ids = head, tuple(layer_ids)
-        self._hidden: dict = {}  # seq_id -> [n, H] fused hidden states of positions 0 .. n-1
-        self._caught: dict = {}  # layer -> the hidden states entering it in the target's last forward
-        # without a target, `observe` feeds it by hand
-        self._hooks = [] if target is None else hook_layer_inputs(target, self.layer_ids, self._caught)
+    head: Eagle3Head
+    layer_ids: tuple
+    _hidden: dict  # seq_id -> [n, H] fused hidden states of positions 0 .. n-1
+    _caught: dict  # layer -> the hidden states entering it in the target's last forward
+
+    def _known(self, seq_id: Hashable) -> int:
+        "How many positions of `seq_id` have hidden states."
+        have = self._hidden.get(seq_id)
+        return 0 if have is None else len(have)
 
     def after_forward(self, scheduled: Sequence[tuple[int, int, int]]) -> None:
         "Take the rows of the target's last forward, `(seq_id, first position, tokens)` per sequence in row order."
@@ -35,8 +38,7 @@ class Eagle3Proposer(Proposer):
         self._caught.clear()  # the hooks keep filling this same dict
         at = 0
         for sid, start, n in scheduled:
-            have = self._hidden.get(sid)
-            known = 0 if have is None else len(have)
+            known = self._known(sid)
             rows = aux[at : at + n]
             if start > known:  # positions the prefix cache held: no hidden states
                 rows, start = torch.cat([aux.new_zeros(start - known, aux.shape[-1]), rows]), known
@@ -45,8 +47,7 @@ class Eagle3Proposer(Proposer):
 
     def observe(self, seq_id: Hashable, start: int, hidden: torch.Tensor) -> None:
         "The target's aux hidden states `[n, 3H]` of positions `start ..` of `seq_id`; replaces any from `start` on."
-        have = self._hidden.get(seq_id)
-        known = 0 if have is None else len(have)
+        have, known = self._hidden.get(seq_id), self._known(seq_id)
         if not 0 <= start <= known:
             raise ValueError(f"sequence {seq_id}: hidden states from position {start}, but {known} positions are known")
         p = next(self.head.parameters())
@@ -59,6 +60,31 @@ class Eagle3Proposer(Proposer):
         for s in seq_ids:
             self._hidden.pop(s, None)
 
+
+# %% ../../nbs/33b_eagle3.ipynb #97db28be
+def _draft_greedily(head: Eagle3Head, ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, k: int) -> list:
+    "`k` greedy drafts: each step runs the head over every row and appends its next token and prenorm state as a row."
+    out = []
+    for _ in range(k):
+        normed, prenorm = head(ids, hidden, positions)
+        nxt = head.next_tokens(normed[-1:])
+        out.append(int(nxt))
+        ids, hidden = torch.cat([ids, nxt]), torch.cat([hidden, prenorm[-1:]])
+        positions = torch.cat([positions, positions[-1:] + 1])
+    return out
+
+
+# %% ../../nbs/33b_eagle3.ipynb #96277e64
+class Eagle3Proposer(_Eagle3States, Proposer):
+    "Greedy drafts from an EAGLE-3 head, fed the target's aux hidden states of each sequence."
+
+    def __init__(self, head: Eagle3Head, target: Any = None, layer_ids: Sequence[int] = ()):
+        self.head, self.layer_ids = head, tuple(layer_ids)
+        self._hidden: dict = {}  # seq_id -> [n, H] fused hidden states of positions 0 .. n-1
+        self._caught: dict = {}  # layer -> the hidden states entering it in the target's last forward
+        # without a target, `observe` feeds it by hand
+        self._hooks = [] if target is None else hook_layer_inputs(target, self.layer_ids, self._caught)
+
     @torch.no_grad()
     def propose_one(self, seq_id: Hashable, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         "Up to `max_tokens` greedy drafts for one sequence whose hidden states cover positions `0 .. len - 2`."
@@ -69,15 +95,7 @@ class Eagle3Proposer(Proposer):
             known = 0 if have is None else len(have)
             raise ValueError(f"sequence {seq_id}: {len(token_ids)} tokens need {need} hidden states, {known} observed")
         ids, positions = draft_rows(token_ids)
-        ids, positions, hidden = ids.to(have.device), positions.to(have.device), have[:need]
-        out = []
-        for _ in range(max_tokens):
-            normed, prenorm = self.head(ids, hidden, positions)
-            nxt = self.head.next_tokens(normed[-1:])
-            out.append(int(nxt))
-            ids, hidden = torch.cat([ids, nxt]), torch.cat([hidden, prenorm[-1:]])
-            positions = torch.cat([positions, positions[-1:] + 1])
-        return out
+        return _draft_greedily(self.head, ids.to(have.device), positions.to(have.device), have[:need], max_tokens)
 
     def propose(
         self, token_ids: Sequence[Sequence[int]], max_tokens: int | Sequence[int], seq_ids: Sequence | None = None

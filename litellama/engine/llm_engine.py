@@ -28,25 +28,21 @@ from typing import Any
 
 import torch
 
-from litellama.multimodal.processing import (
-    MultiModalError,
-    TokensWithImages,
-    load_image_processor,
-    parse_prompt,
-)
-
 from ..config import EngineArgs
 from ..distributed.comm import DistributedError
+from ..executor.cpu import cpu_compile_wanted
 from ..executor.executor import Executor, InProcessExecutor, StepResult
 from ..executor.model_runner import ModelRunner
 from ..executor.proposer import Proposer, SpeculativeConfig, make_proposer
 from ..executor.sampler import uses_history
+from ..executor.state_cache import StateSlots
 from ..executor.step_plan import Placeholder, SchedulerOutput
 from ..models.decoder import model_class
 from ..models.interfaces import SupportsImages
 from ..models.loader import load_model, resolve_device, resolve_dtype
 from ..models.lora import LoRARequest
 from ..models.model_dir import resolve_model_dir
+from ..multimodal.processing import MultiModalError, TokensWithImages, load_image_processor, parse_prompt
 from ..multimodal.processing import process_images as encode_images
 from ..sampling_params import SEED_RANGE, SamplingParams
 from ..utils import patch
@@ -95,6 +91,8 @@ class EngineStats:
     num_steps: int
     kv_capacity_tokens: int
     spec: SpecStats | None = None  # speculative decoding's counters (None: no speculation)
+    num_free_state_slots: int = 0  # a hybrid model's state cache (08c_state_cache): slots free, in all
+    num_total_state_slots: int = 0
 
 
 # %% ../../nbs/12_llm_engine.ipynb #af0c4807
@@ -161,7 +159,6 @@ class ContinuousBatchingEngine:
         gpu_memory_utilization: float = 0.9,
         seed: int = 0,
         enforce_eager: bool = False,
-        cpu_compile: bool = False,
         async_scheduling: bool | None = None,
         kv_cache_dtype: str = "auto",
         executor: Executor | None = None,
@@ -172,29 +169,74 @@ class ContinuousBatchingEngine:
         speculative_config: dict | SpeculativeConfig | None = None,
         kv_events_config: dict | None = None,
     ):
-        opts = {k: v for k, v in locals().items() if k in EngineArgs.__dataclass_fields__ and k != "model"}
-        configs = EngineArgs(**opts, model=model_dir).create_engine_configs()  # each option checked here, once
-        self.model_config, self.cache_config, self.scheduler_config, self.parallel_config = configs
+        self._init_configs(locals())  # each option checked here, once
         self.model, self.config, self.tokenizer, self.model_dir = model, config, tokenizer, model_dir
-        self.device, self.dtype = torch.device(device), dtype
-        self.max_model_len = context_length(max_model_len, config)
+        self.device, self.dtype, self.max_model_len = torch.device(device), dtype, context_length(max_model_len, config)
         self.lora = self._init_lora(enable_lora, max_loras, max_lora_rank, max_cpu_loras, executor)
         self._init_executor(executor)
         self.runner.lora = self.lora
-        windows = [m.window for m in self.model.modules() if hasattr(m, "k_cache")] if self.model is not None else []
-        self.kv_events = publisher_from_config(kv_events_config, block_size)  # 08b_kv_events; None: no events
-        self.block_manager = BlockManager(  # a model windowed in every layer lets the cache follow its window
-            self.executor.num_blocks, block_size, enable_prefix_caching, shared_window(windows), self.kv_events
-        )
-        sc = self.scheduler_config
-        switch = rope_switch(self.model, config, self.max_model_len)
-        self.scheduler = Scheduler(
-            self.block_manager, max_num_seqs, sc.max_num_batched_tokens, self.lora and max_loras, switch
-        )
+        self._init_scheduling(block_size, enable_prefix_caching, kv_events_config, max_num_seqs, max_loras)
         self._init_requests(seed)
-        self.spec = self._init_spec(speculative_config)
-        overlap = self.device.type == "cuda" if async_scheduling is None else async_scheduling
-        self.async_scheduling = overlap and self.spec is None  # a speculative step reads its tokens back at once
+        self._init_speculation(speculative_config, async_scheduling)
+
+
+# %% ../../nbs/12_llm_engine.ipynb #698b0af9
+@patch
+def _init_configs(self: ContinuousBatchingEngine, options: dict) -> None:
+    "Check the constructor's `options` (its arguments by name); keep the four configs `EngineArgs` builds from them."
+    opts = {k: v for k, v in options.items() if k in EngineArgs.__dataclass_fields__ and k != "model"}
+    configs = EngineArgs(**opts, model=options["model_dir"]).create_engine_configs()
+    self.model_config, self.cache_config, self.scheduler_config, self.parallel_config = configs
+
+
+# %% ../../nbs/12_llm_engine.ipynb #b7c8e93d
+@patch
+def _init_scheduling(
+    self: ContinuousBatchingEngine,
+    block_size: int,
+    enable_prefix_caching: bool,
+    kv_events_config: dict | None,
+    max_num_seqs: int,
+    max_loras: int,
+) -> None:
+    "The block manager over the executor's KV blocks, and the scheduler over it."
+    windows = [m.window for m in self.model.modules() if hasattr(m, "k_cache")] if self.model is not None else []
+    self.kv_events = publisher_from_config(kv_events_config, block_size)  # 08b_kv_events; None: no events
+    self.block_manager = BlockManager(  # a model windowed in every layer lets the cache follow its window
+        self.executor.num_blocks, block_size, enable_prefix_caching, shared_window(windows), self.kv_events
+    )
+    self._init_state_slots()
+    sc = self.scheduler_config
+    switch = rope_switch(self.model, self.config, self.max_model_len)
+    self.scheduler = Scheduler(
+        self.block_manager, max_num_seqs, sc.max_num_batched_tokens, self.lora and max_loras, switch
+    )
+
+
+# %% ../../nbs/12_llm_engine.ipynb #ab8bc3b2
+@patch
+def _init_speculation(
+    self: ContinuousBatchingEngine, speculative_config: dict | SpeculativeConfig | None, async_scheduling: bool | None
+) -> None:
+    "The speculative decoder (or None), then overlapped steps: on by default on CUDA, never with a speculative step."
+    self.spec = self._init_spec(speculative_config)
+    overlap = self.device.type == "cuda" if async_scheduling is None else async_scheduling
+    self.async_scheduling = overlap and self.spec is None  # a speculative step reads its tokens back at once
+
+
+# %% ../../nbs/12_llm_engine.ipynb #b98eca69
+@patch
+def _init_state_slots(self: ContinuousBatchingEngine) -> None:
+    """A hybrid model's state cache (`08c_state_cache.ipynb`): the block manager hands out a slot per running sequence
+    with its blocks. Prefix caching goes off, said once: the cache keeps no state at block boundaries to resume from."""
+    cache = self.runner.state_cache
+    if cache is None:
+        return
+    bm = self.block_manager
+    if bm.enable_prefix_caching:
+        log.warning("prefix caching is off for this hybrid model: its cache keeps no state at block boundaries")
+        bm.enable_prefix_caching = False
+    bm.state_slots = StateSlots(cache.num_slots)
 
 
 # %% ../../nbs/12_llm_engine.ipynb #42d9ef02
@@ -204,7 +246,9 @@ def _init_executor(self: ContinuousBatchingEngine, executor: Executor | None = N
     cc, sc = self.cache_config, self.scheduler_config
     if executor is None:
         assert self.model is not None, "an engine needs a model or an executor"
-        executor = InProcessExecutor(self.model, self.config, cc, self.device, self.dtype, sc.max_num_batched_tokens)
+        executor = InProcessExecutor(
+            self.model, self.config, cc, self.device, self.dtype, sc.max_num_batched_tokens, sc.max_num_seqs
+        )
     self.executor = ex = executor
     log.log(
         logging.INFO if self.device.type == "cuda" else logging.DEBUG,
@@ -218,21 +262,22 @@ def _init_executor(self: ContinuousBatchingEngine, executor: Executor | None = N
         log.warning(f"this engine refuses image inputs: {self.no_images}")
     if self.device.type == "cuda" and not self.model_config.enforce_eager:
         ex.capture_cuda_graphs(sc.max_num_seqs, self.max_model_len)
-    if self.model_config.cpu_compile:
+    if self.device.type == "cpu" and not self.model_config.enforce_eager and cpu_compile_wanted():
         self._compile_decode(ex)
 
 
 # %% ../../nbs/12_llm_engine.ipynb #6cd2a5e0
 @patch
 def _compile_decode(self: ContinuousBatchingEngine, ex: Executor) -> None:
-    "`cpu_compile`: the runner's decode steps through `torch.compile` (`11b_cpu.ipynb`), where that path can run."
-    if self.device.type != "cpu":
-        raise ValueError(f"cpu_compile compiles a CPU's decode steps; this engine runs on {self.device}")
-    if not isinstance(ex, InProcessExecutor):
-        raise ValueError(f"cpu_compile needs tensor_parallel_size=1; this engine runs on {type(ex).__name__}")
-    if self.lora is not None:
-        raise ValueError("cpu_compile does not take enable_lora=True: adapters change the rows outside the graph")
-    ex.runner.compile_decode()
+    "A CPU's decode steps through `torch.compile`, compiled now (`11b_cpu.ipynb`); else why not, in one line."
+    if not ex.capabilities.compiled_decode:
+        why: str | None = f"{type(ex).__name__} compiles no decode step"
+    elif self.lora is not None:
+        why = "enable_lora=True: adapters change the rows outside the graph"
+    else:
+        why = ex.runner.compile_decode(self.scheduler_config.max_num_seqs, self.max_model_len)
+    if why is not None:
+        log.warning(f"a CPU's decode steps run eagerly: {why}")
 
 
 # %% ../../nbs/12_llm_engine.ipynb #487d264e
@@ -281,6 +326,17 @@ def __exit__(self: ContinuousBatchingEngine, *exc: object) -> None:
     self.shutdown()
 
 
+# %% ../../nbs/12_llm_engine.ipynb #dfa1e0ee
+def _tokenizer_or_none(model_dir: Any) -> Any:
+    "The checkpoint's tokenizer, or None where it has none (the engine then takes token ids only)."
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception:
+        return None
+
+
 # %% ../../nbs/12_llm_engine.ipynb #fcca0db1
 @patch(cls_method=True)
 def from_pretrained(
@@ -298,8 +354,6 @@ def from_pretrained(
     """An engine over `path` (a directory, a hub id at `revision` cached in `download_dir`, or None: the bundled model),
     named as `path` was given; `quantization` quantizes a 16-bit checkpoint as it loads; `tensor_parallel_size` N > 1
     runs it on N ranks. Several replicas (`data_parallel_size`) are `data_parallel.engine_from_pretrained`'s job."""
-    from transformers import AutoTokenizer
-
     from litellama.engine.draft_model import draft_from_hub
     from litellama.models.model_dir import model_name
 
@@ -318,10 +372,7 @@ def from_pretrained(
         )
     else:
         model, config = load_model(model_dir, dtype, device, quantization)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    except Exception:
-        tokenizer = None
+    tokenizer = _tokenizer_or_none(model_dir)
     eng = cls(  # type: ignore[operator]
         model, config, tokenizer, model_dir, device=device, dtype=resolve_dtype(dtype, device), **engine_options
     )
@@ -768,8 +819,10 @@ def _init_spec(self: ContinuousBatchingEngine, options: dict | SpeculativeConfig
     if options is None:
         return None
     config = SpeculativeConfig.from_dict(options)
-    if not isinstance(self.executor, InProcessExecutor):
+    if not self.executor.capabilities.speculation:
         raise ValueError("speculative decoding needs tensor_parallel_size=1")
+    if self.runner.state_cache is not None:
+        raise ValueError("speculative decoding is not supported for hybrid models: their state cannot roll back")
     if config.method == "draft_model":
         proposer: Proposer = DraftModelProposer.from_target(config.model, self)
     elif config.method == "eagle3":
@@ -914,6 +967,7 @@ def has_unfinished_requests(self: ContinuousBatchingEngine) -> bool:
 @patch(as_prop=True)
 def stats(self: ContinuousBatchingEngine) -> EngineStats:
     s, bm = self.scheduler, self.block_manager
+    slots = bm.state_slots
     return EngineStats(
         s.num_preemptions,
         s.num_prefix_hit_tokens,
@@ -925,4 +979,6 @@ def stats(self: ContinuousBatchingEngine) -> EngineStats:
         self.num_steps,
         self.executor.capacity_tokens,
         self.spec.stats if self.spec is not None else None,
+        slots.num_free if slots is not None else 0,
+        slots.num_total if slots is not None else 0,
     )

@@ -31,6 +31,7 @@ class Sequence:
     extra_keys: tuple = ()  # e.g. image hashes: part of every block's identity
     mm_inputs: tuple = ()  # its images (multimodal.ImageInput): token spans and features
     lora_request: Any = None  # the adapter it runs through (a LoRARequest); None: the base model
+    state_slot: int = -1  # its slot in a hybrid model's state cache while it runs (-1: none)
 
 
 # %% ../../nbs/08_sequence.ipynb #15961592

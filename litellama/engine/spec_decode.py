@@ -67,7 +67,46 @@ class SpecStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
 
-# %% ../../nbs/33_spec_decode.ipynb #40db30b3
+# %% ../../nbs/33_spec_decode.ipynb #785a4100
+def _append_drafts(want: list, drafts: list) -> dict:
+    "Append each sequence's drafts to its tokens: `{seq_id: (seq, number of drafts)}` of those that got any."
+    out = {}
+    for (seq, _), d in zip(want, drafts, strict=True):
+        if d:
+            seq.token_ids.extend(d)
+            out[seq.seq_id] = (seq, len(d))
+    return out
+
+
+# %% ../../nbs/33_spec_decode.ipynb #503044ef
+def _fit_drafts(plan: SchedulerOutput, drafts: dict) -> None:
+    """Cut the drafts `plan` does not compute this step (a sequence scheduled for `n` tokens verifies `n - 1` drafts);
+    the plan learns the rest (`num_drafts`)."""
+    planned = {s.seq_id: n for s, n in plan.scheduled}
+    for sid, (seq, d) in list(drafts.items()):
+        keep = max(0, min(d, planned.get(sid, 0) - 1))
+        if keep < d:
+            del seq.token_ids[seq.num_tokens - (d - keep) :]
+        drafts[sid] = (seq, keep)
+    plan.num_drafts = {sid: d for sid, (_, d) in drafts.items() if d}
+
+
+# %% ../../nbs/33_spec_decode.ipynb #b0de6bf7
+def _cut_rejected(plan: SchedulerOutput, emitted: dict, stats: SpecStats) -> None:
+    "Cut each verified sequence's rejected drafts from its tokens and its planned rows; count the drafts in `stats`."
+    fixed = []
+    for seq, n in plan.scheduled:
+        d, toks = plan.num_drafts.get(seq.seq_id, 0), emitted.get(seq.seq_id)
+        rejected = d - (len(toks) - 1) if toks is not None and d else 0
+        if rejected:
+            del seq.token_ids[seq.num_tokens - rejected :]
+        if d:
+            stats.count(d, d - rejected)
+        fixed.append((seq, n - rejected))
+    plan.scheduled = fixed
+
+
+# %% ../../nbs/33_spec_decode.ipynb #29cd5c14
 class SpecDecoder:
     "The engine's speculation: drafts before a step is scheduled, their fit to the plan, and the rollback after it ran."
 
@@ -94,22 +133,11 @@ class SpecDecoder:
         ids = [seq.seq_id for seq, _ in want]
         self._known.update(ids)
         drafts = self.proposer.propose([seq.token_ids for seq, _ in want], [n for _, n in want], ids)
-        out = {}
-        for (seq, _), d in zip(want, drafts, strict=True):
-            if d:
-                seq.token_ids.extend(d)
-                out[seq.seq_id] = (seq, len(d))
-        return out
+        return _append_drafts(want, drafts)
 
     def fit(self, plan: SchedulerOutput, drafts: dict) -> None:
         "Cut the drafts the plan does not compute this step (budget, preemption); the plan learns the rest."
-        planned = {s.seq_id: n for s, n in plan.scheduled}
-        for sid, (seq, d) in list(drafts.items()):
-            keep = max(0, min(d, planned.get(sid, 0) - 1))
-            if keep < d:
-                del seq.token_ids[seq.num_tokens - (d - keep) :]
-            drafts[sid] = (seq, keep)
-        plan.num_drafts = {sid: d for sid, (_, d) in drafts.items() if d}
+        _fit_drafts(plan, drafts)
 
     def observe(self, plan: SchedulerOutput) -> None:
         "After the target's forward of `plan`, before its accounting: what each sequence's rows were."
@@ -118,13 +146,4 @@ class SpecDecoder:
 
     def accept(self, plan: SchedulerOutput, emitted: dict) -> None:
         "Cut each verified sequence's rejected drafts (`emitted`: seq id -> its tokens) and count only the kept ones."
-        fixed = []
-        for seq, n in plan.scheduled:
-            d, toks = plan.num_drafts.get(seq.seq_id, 0), emitted.get(seq.seq_id)
-            rejected = d - (len(toks) - 1) if toks is not None and d else 0
-            if rejected:
-                del seq.token_ids[seq.num_tokens - rejected :]
-            if d:
-                self.stats.count(d, d - rejected)
-            fixed.append((seq, n - rejected))
-        plan.scheduled = fixed
+        _cut_rejected(plan, emitted, self.stats)

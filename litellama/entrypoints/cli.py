@@ -29,6 +29,7 @@ __all__ = [
 # %% ../../nbs/16_cli.ipynb #2f603811
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -264,7 +265,9 @@ def cmd_serve(a: argparse.Namespace) -> None:
     "Serve the model over HTTP until SIGTERM or Ctrl-C."
     kw = serve_kwargs(a)  # a model named twice fails before the server's imports
     from litellama.entrypoints.openai.api_server import serve
+    from litellama.executor.cpu import CPU_COMPILE_ENV
 
+    os.environ.setdefault(CPU_COMPILE_ENV, "1")  # a server compiles a CPU's decode step ahead (nbs/11b_cpu)
     serve(**kw)
 
 

@@ -43,7 +43,7 @@ __all__ = [
     "with_tools",
 ]
 
-# %% ../../nbs/15_server.ipynb #1ad4ace0
+# %% ../../nbs/15_server.ipynb #ba07520f
 import warnings
 
 from litellama.entrypoints.openai.api_server import (
@@ -74,6 +74,8 @@ from litellama.entrypoints.openai.protocol import (
     check_chars,
     max_token_chars,
 )
+
+# %% ../../nbs/15_server.ipynb #010dd96f
 from litellama.entrypoints.openai.tool_parsers import (
     TOOL_CLOSE,
     TOOL_OPEN,

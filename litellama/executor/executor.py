@@ -88,6 +88,8 @@ class Capabilities:
 
     images: bool = True  # image features travel with the step (the vision tower runs in the engine's process)
     prompt_logprobs: bool = True  # the engine's process holds the whole model, to score a prompt between steps
+    compiled_decode: bool = True  # a CPU's decode steps can be compiled in the engine's process (11b_cpu)
+    speculation: bool = True  # a proposer drafts beside the model, in the engine's process (33_spec_decode)
 
 
 # %% ../../nbs/26_executor.ipynb #b119f717
@@ -155,8 +157,9 @@ class InProcessExecutor(Executor):
         device: str | torch.device,
         dtype: torch.dtype,
         max_num_batched_tokens: int,
+        max_num_seqs: int = 256,
     ):
-        self.runner = ModelRunner(model, config, cache, device, dtype, max_num_batched_tokens)
+        self.runner = ModelRunner(model, config, cache, device, dtype, max_num_batched_tokens, max_num_seqs)
         self._logits = torch.empty(0)  # this step's logits
         self._last_ids: torch.Tensor | None = None  # the last sampled step's ids, on the device
         self._host = HostCopy()
@@ -217,7 +220,7 @@ class _Ranks:
 class MultiprocExecutor(Executor):
     "Tensor-parallel execution over `tensor_parallel_size` ranks; this process is rank 0."
 
-    capabilities = Capabilities(images=False, prompt_logprobs=False)
+    capabilities = Capabilities(images=False, prompt_logprobs=False, compiled_decode=False, speculation=False)
 
     def __init__(
         self,
@@ -232,22 +235,10 @@ class MultiprocExecutor(Executor):
         self.size, self.keep_logits, self.last_logits = tensor_parallel_size, False, None
         self.ranks, self._host = _Ranks(), HostCopy()
         self.procs = self.ranks.procs
-        if D.get_state() is not None:
-            gc.collect()  # an engine dropped but caught in a reference cycle: its finalizer ends its group
-        D.check_no_group()  # before any rank starts: a live engine's group is left alone
-        env = D.torchrun_env()
-        device = torch.device(device)
-        opts = dict(options, device=str(device.type), dtype=dtype)
-        init = (
-            self._join_torchrun(env, model_dir, opts) if env is not None else self._spawn(master_port, model_dir, opts)
-        )
-        self._finalizer = weakref.finalize(self, self.ranks.stop)  # on the last reference, or at interpreter exit
-        init.pop("local_rank", None)
-        if device.type == "cuda":
-            device = torch.device("cuda", env["local_rank"] if env else 0)
+        init, rank0_device = self._start_ranks(model_dir, dtype, device, master_port, options)
         try:
-            D.init_distributed(0, self.size, device, **init)
-            self.worker = Worker(model_dir, 0, self.size, device, dtype, **options)
+            D.init_distributed(0, self.size, rank0_device, **init)
+            self.worker = Worker(model_dir, 0, self.size, rank0_device, dtype, **options)
         except BaseException as e:
             self._fail(e)
         self.config, self.runner = self.worker.config, self.worker.runner
@@ -273,6 +264,31 @@ class MultiprocExecutor(Executor):
         "Tell the ranks to stop, leave the process groups, reap every child, free the pinned buffers."
         self._host.release()
         self.ranks.stop(graceful)
+
+
+# %% ../../nbs/26_executor.ipynb #61d64e9f
+@patch
+def _start_ranks(
+    self: MultiprocExecutor,
+    model_dir: str | os.PathLike,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    master_port: int | None,
+    options: dict,
+) -> tuple[dict, torch.device]:
+    "Join torchrun's ranks or spawn ranks 1 … N-1; rank 0's init options and its device."
+    if D.get_state() is not None:
+        gc.collect()  # an engine dropped but caught in a reference cycle: its finalizer ends its group
+    D.check_no_group()  # before any rank starts: a live engine's group is left alone
+    env = D.torchrun_env()
+    device = torch.device(device)
+    opts = dict(options, device=str(device.type), dtype=dtype)
+    init = self._join_torchrun(env, model_dir, opts) if env is not None else self._spawn(master_port, model_dir, opts)
+    self._finalizer = weakref.finalize(self, self.ranks.stop)  # on the last reference, or at interpreter exit
+    init.pop("local_rank", None)
+    if device.type == "cuda":
+        device = torch.device("cuda", env["local_rank"] if env else 0)
+    return init, device
 
 
 # %% ../../nbs/26_executor.ipynb #cb0bb66a

@@ -69,6 +69,21 @@ def _unpack(
     return ModelInput(parts[0], parts[1], attn, parts[5])
 
 
+# %% ../../nbs/11a_model_input.ipynb #b575916b
+def _logits_rows(cu_all: np.ndarray, logits_for: list | None, B: int) -> np.ndarray:
+    "One past each token that needs logits: the last `logits_for[i]` new tokens of sequence `i` (default: its last)."
+    want = np.ones(B, np.int64) if logits_for is None else np.asarray(logits_for, dtype=np.int64)
+    return np.repeat(cu_all[1:], want) - (np.repeat(np.cumsum(want), want) - np.arange(int(want.sum())) - 1)
+
+
+def _fill_tables(tables: np.ndarray, chunks: list, n_table: np.ndarray) -> None:
+    "Write each sequence's block table into its row of `tables` (`[B, width]`, zero past the table's end)."
+    if len(chunks):
+        tables[np.arange(tables.shape[1]) < n_table[:, None]] = np.concatenate(
+            [np.asarray(t, dtype=np.int64) for _, _, t in chunks]
+        )
+
+
 # %% ../../nbs/11a_model_input.ipynb #4904c757
 def build_model_input(
     chunks: list,
@@ -93,17 +108,13 @@ def build_model_input(
     assert decode[num_prefills:].all(), "prefill chunks must come before decodes"
     lens, T, width = starts + n_new, int(n_new.sum()), max(int(n_table.max(initial=0)), 1)
     cu_all = np.concatenate([[0], np.cumsum(n_new)])
-    want = np.ones(B, np.int64) if logits_for is None else np.asarray(logits_for, dtype=np.int64)
-    last = np.repeat(cu_all[1:], want) - (np.repeat(np.cumsum(want), want) - np.arange(int(want.sum())) - 1)
+    last = _logits_rows(cu_all, logits_for, B)
     plan = decode_plan(split_planner, lens[num_prefills:].tolist(), num_prefills == 0, graph_sizes)
     sizes = [T, T, T, B, num_prefills + 1, len(last), B * width, plan[0].size, len(plan[1])]
     buf = np.zeros(sum(sizes), dtype=np.int64)
     ids, pos, slots, seq_lens, cu_q, logits_idx, tables, split_rows, cu_splits = np.split(buf, np.cumsum(sizes)[:-1])
     tables = tables.reshape(B, width)
-    if B:
-        tables[np.arange(width) < n_table[:, None]] = np.concatenate(
-            [np.asarray(t, dtype=np.int64) for _, _, t in chunks]
-        )
+    _fill_tables(tables, chunks, n_table)
     ids[:] = np.fromiter(itertools.chain.from_iterable(t for t, _, _ in chunks), np.int64, T)
     row = np.repeat(np.arange(B), n_new)  # the sequence of each new token
     pos[:] = np.arange(T) - cu_all[row] + starts[row]

@@ -93,11 +93,35 @@ class NgramProposer(Proposer):
         return [self.propose_one(t, k) for t, k in zip(token_ids, self._limits(token_ids, max_tokens), strict=True)]
 
 
-# %% ../../nbs/32_proposer.ipynb #b4ce3b66
+# %% ../../nbs/32_proposer.ipynb #87d69383
 SPEC_METHODS = ("ngram", "draft_model", "eagle3")
 PLANNED_SPEC_METHODS = ("eagle", "mtp")
 
 
+def _check_method(method: str) -> None:
+    "Refuse a speculative method that is planned but not here yet, or unknown, naming the supported ones."
+    if method in PLANNED_SPEC_METHODS:
+        raise ValueError(f"speculative method {method!r} is not supported yet; supported: {', '.join(SPEC_METHODS)}")
+    if method not in SPEC_METHODS:
+        known = ", ".join(SPEC_METHODS + PLANNED_SPEC_METHODS)
+        raise ValueError(f"unknown speculative method {method!r}; known methods: {known}")
+
+
+def _lookup_lengths(lo: int | None, hi: int | None) -> tuple[int, int]:
+    "The n-gram lookup's `(min, max)` lengths: one given sets the other, neither gives 3; both checked."
+    lo, hi = (
+        (lo if lo is not None else hi if hi is not None else 3),
+        (hi if hi is not None else lo if lo is not None else 3),
+    )
+    for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if lo > hi:
+        raise ValueError(f"prompt_lookup_min ({lo}) is larger than prompt_lookup_max ({hi})")
+    return lo, hi
+
+
+# %% ../../nbs/32_proposer.ipynb #4d1548d3
 @dataclass
 class SpeculativeConfig:
     "How sequences speculate: the proposer (`method`) and how many tokens it drafts per step."
@@ -111,13 +135,7 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.method is None:
             self.method = "draft_model" if self.model is not None else "ngram"
-        if self.method in PLANNED_SPEC_METHODS:
-            raise ValueError(
-                f"speculative method {self.method!r} is not supported yet; supported: {', '.join(SPEC_METHODS)}"
-            )
-        if self.method not in SPEC_METHODS:
-            known = ", ".join(SPEC_METHODS + PLANNED_SPEC_METHODS)
-            raise ValueError(f"unknown speculative method {self.method!r}; known methods: {known}")
+        _check_method(self.method)
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
@@ -129,17 +147,7 @@ class SpeculativeConfig:
             return
         if self.model is not None:
             raise ValueError(f"speculative method {self.method!r} takes no model, got model={self.model!r}")
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        lo, hi = (
-            (lo if lo is not None else hi if hi is not None else 3),
-            (hi if hi is not None else lo if lo is not None else 3),
-        )
-        for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if lo > hi:
-            raise ValueError(f"prompt_lookup_min ({lo}) is larger than prompt_lookup_max ({hi})")
-        self.prompt_lookup_min, self.prompt_lookup_max = lo, hi
+        self.prompt_lookup_min, self.prompt_lookup_max = _lookup_lengths(self.prompt_lookup_min, self.prompt_lookup_max)
 
     @classmethod
     def from_dict(cls, options: "dict | SpeculativeConfig") -> "SpeculativeConfig":

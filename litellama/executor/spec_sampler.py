@@ -36,6 +36,39 @@ def _race(weights: torch.Tensor, expo: torch.Tensor) -> torch.Tensor:
     return (weights / expo).argmax(-1)
 
 
+# %% ../../nbs/31_spec_sampler.ipynb #09671da5
+def _check_draft_shapes(draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, B: int, k: int, V: int):
+    "Refuse drafts `[B, k]` and draft probabilities `[B, k, V]` of other shapes than the target's `[B, k+1, V]`."
+    if draft_token_ids.shape != (B, k):
+        shape = tuple(draft_token_ids.shape)
+        raise ValueError(f"draft_token_ids has shape {shape}; expected {(B, k)} for target_probs of {(B, k + 1, V)}")
+    if draft_probs is not None and draft_probs.shape != (B, k, V):
+        raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}; expected {(B, k, V)}")
+
+
+# %% ../../nbs/31_spec_sampler.ipynb #6fc5c14a
+def _draft_side(target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> tuple:
+    "`(q(x) [B, k], q [B, k, V])`: each draft's probability under the drafter, and its distribution (one-hot if None)."
+    k = drafts.shape[1]
+    if draft_probs is None:
+        q_x = torch.ones(drafts.shape, dtype=target_probs.dtype, device=target_probs.device)
+        q = torch.zeros_like(target_probs[:, :k]).scatter_(-1, drafts[..., None], 1.0)
+        return q_x, q
+    return draft_probs.gather(-1, drafts[..., None])[..., 0], draft_probs
+
+
+# %% ../../nbs/31_spec_sampler.ipynb #f44da128
+def _draw_weights(target_probs: torch.Tensor, q: torch.Tensor, bonus: torch.Tensor) -> torch.Tensor:
+    """`[B, k+1, V]`: what to draw from at each position. After a rejection the residual `max(p - q, 0)` (`p` where
+    `p == q`, where no rejection can happen); at the bonus position (`bonus [B, k+1]`), the target itself."""
+    k = q.shape[1]
+    residual = (target_probs[:, :k] - q).clamp_min(0)
+    empty = residual.sum(-1, keepdim=True) <= 0  # p == q: a rejection cannot happen; fall back to p
+    residual = torch.where(empty, target_probs[:, :k], residual)
+    weights = torch.cat([residual, target_probs[:, k:]], 1)
+    return torch.where(bonus[..., None], target_probs, weights)
+
+
 # %% ../../nbs/31_spec_sampler.ipynb #f297af93
 def rejection_sample(
     target_probs: torch.Tensor,
@@ -48,11 +81,7 @@ def rejection_sample(
     "Emitted tokens `[B, k+1]` (padded with -1) and their number `[B]`, verifying each row's drafts against the target."
     B, k1, V = target_probs.shape
     k = k1 - 1
-    if draft_token_ids.shape != (B, k):
-        shape = tuple(draft_token_ids.shape)
-        raise ValueError(f"draft_token_ids has shape {shape}; expected {(B, k)} for target_probs of {(B, k1, V)}")
-    if draft_probs is not None and draft_probs.shape != (B, k, V):
-        raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}; expected {(B, k, V)}")
+    _check_draft_shapes(draft_token_ids, draft_probs, B, k, V)
     dev = target_probs.device
     num_draft = num_draft_tokens.to(dev, torch.long)
     pos = torch.arange(k1, device=dev)
@@ -62,21 +91,9 @@ def rejection_sample(
 
     # Stochastic rows: accept x_j when u_j * q_j(x_j) <= p_j(x_j), i.e. with probability min(1, p/q).
     p_x = target_probs[:, :k].gather(-1, drafts[..., None])[..., 0]
-    if draft_probs is None:
-        q_x = torch.ones_like(p_x)
-        q = torch.zeros_like(target_probs[:, :k]).scatter_(-1, drafts[..., None], 1.0)
-    else:
-        q_x = draft_probs.gather(-1, drafts[..., None])[..., 0]
-        q = draft_probs
+    q_x, q = _draft_side(target_probs, drafts, draft_probs)
     accept = u[:, :k] * q_x < p_x
-    # Where to draw from at each position: the residual after a rejection, the target itself at the bonus position.
-    residual = (target_probs[:, :k] - q).clamp_min(0)
-    empty = residual.sum(-1, keepdim=True) <= 0  # p == q: a rejection cannot happen; fall back to p
-    residual = torch.where(empty, target_probs[:, :k], residual)
-    weights = torch.cat([residual, target_probs[:, k:]], 1)
-    bonus = pos[None, :] == num_draft[:, None]  # [B, k+1]
-    weights = torch.where(bonus[..., None], target_probs, weights)
-    drawn = _race(weights, expo)  # [B, k+1]
+    drawn = _race(_draw_weights(target_probs, q, pos[None, :] == num_draft[:, None]), expo)  # [B, k+1]
 
     if greedy is not None and bool(greedy.any()):
         g = greedy.to(dev, torch.bool)

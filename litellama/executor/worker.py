@@ -151,7 +151,7 @@ class Worker:
         self.model, self.config, self.rank_config = load_sharded_model(
             model_dir, rank, size, dtype, device, quantization
         )
-        dt = self.model.model.embed_tokens.weight.dtype
+        dt = getattr(self.model, "language_model", self.model).model.embed_tokens.weight.dtype  # the decoder's
         self.runner = ModelRunner(self.model, self.rank_config, cache, device, dt, max_num_batched_tokens)
         self._agree_on_blocks()
         self.fail_at = _fault_injection(rank)
@@ -166,16 +166,19 @@ class Worker:
         self._logits = self.runner.execute(plan_of(msg), self._last_ids if msg.overlapped else None)
         return D.all_gather(self._logits, -1)[:, : self.config.vocab_size] if msg.keep_logits else None
 
-    def sample(
-        self, rows: list, bitmask: torch.Tensor | None = None, select: list | None = None, probe: bool = False
-    ) -> tuple | None:
-        "Sample the kept logits (rows `select`, default all): `(ids, logprobs)`, the ids kept; `probe`: keep nothing."
-        logits = self._logits if select is None else self._logits[select]
-        ids, lp = sample_parallel(logits, rows, self.config.vocab_size, bitmask)
-        if probe:
-            return None
-        self._last_ids = ids
-        return ids, lp
+
+# %% ../../nbs/26a_worker.ipynb #7f3c8808
+@patch
+def sample(
+    self: Worker, rows: list, bitmask: torch.Tensor | None = None, select: list | None = None, probe: bool = False
+) -> tuple | None:
+    "Sample the kept logits (rows `select`, default all): `(ids, logprobs)`, the ids kept; `probe`: keep nothing."
+    logits = self._logits if select is None else self._logits[select]
+    ids, lp = sample_parallel(logits, rows, self.config.vocab_size, bitmask)
+    if probe:
+        return None
+    self._last_ids = ids
+    return ids, lp
 
 
 # %% ../../nbs/26a_worker.ipynb #352abc92

@@ -71,7 +71,7 @@ def candidates(rows: int) -> tuple:
     return (DEFAULT, "w_xt") if rows <= MAX_TUNED_ROWS else (DEFAULT,)
 
 
-# %% ../../kernels_nb/00a_cpu_linear.ipynb #59095800
+# %% ../../kernels_nb/00a_cpu_linear.ipynb #21f3ea9c
 def best_of(fn: Callable, x: torch.Tensor, w: torch.Tensor, reps: int = 3) -> float:
     "Seconds of `fn(x, w)`: the best of `reps` runs after one untimed run."
     fn(x, w)
@@ -83,6 +83,7 @@ def best_of(fn: Callable, x: torch.Tensor, w: torch.Tensor, reps: int = 3) -> fl
     return best
 
 
+# %% ../../kernels_nb/00a_cpu_linear.ipynb #0731f608
 class OrderTable:
     "The order each `(out, in, dtype, row bucket)` product runs in, timed at its first call."
 

@@ -346,6 +346,26 @@ def _store_piece(
         tl.store(ACC_PART + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok)
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #1e70d314
+@triton.jit
+def _load_q_heads(
+    Q, seq, heads, row_ok, offs_d, d_ok, stride_qb, stride_qh, stride_qd, PAD_D: tl.constexpr, FP16_DOT: tl.constexpr
+):  # fmt: skip
+    "The query of one sequence for the heads `heads` of one kv head, `[GROUP_PAD, BLOCK_D]`, padding zero."
+    q_ptrs = Q + seq.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q = load_tile(q_ptrs, row_ok, d_ok[None, :], True, PAD_D)
+    if FP16_DOT:
+        q = as_fp16(q)  # an fp8 cache: multiply in float16 (`05a_attention_tiles.ipynb`)
+    return q
+
+
+@triton.jit
+def _sink_start(m_i, l_i, SINKS, heads, head_ok, first):
+    "Each head's sink as a key already seen (its logit the maximum, its exp the sum), in the sequence's `first` piece."
+    sink = tl.load(SINKS + heads, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634  # log2
+    return tl.where(first, sink, m_i), tl.where(first, 1.0, l_i)
+
+
 # %% ../../kernels_nb/07_decode_attention.ipynb #dab9d4b6
 @triton.jit(do_not_specialize=["SEQ_LENS", "BLOCK_TABLES", "SPLITS", "stride_bt"])
 def _decode_split_kernel(
@@ -376,10 +396,7 @@ def _decode_split_kernel(
     d_ok = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_g
     row_ok = (offs_g < GROUP)[:, None]
-    q_ptrs = Q + seq.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
-    q = load_tile(q_ptrs, row_ok, d_ok[None, :], True, PAD_D)
-    if FP16_DOT:
-        q = as_fp16(q)  # an fp8 cache: multiply in float16 (`05a_attention_tiles.ipynb`)
+    q = _load_q_heads(Q, seq, heads, row_ok, offs_d, d_ok, stride_qb, stride_qh, stride_qd, PAD_D, FP16_DOT)
     table = BLOCK_TABLES + seq.to(tl.int64) * stride_bt
     k_base = K + kv_head * stride_kh
     v_base = V + kv_head * stride_vh
@@ -387,9 +404,7 @@ def _decode_split_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     if SINK:  # the sequence's first piece holds each head's sink (a key of no value); the merge weighs it as any
-        sink = tl.load(SINKS + heads, mask=offs_g < GROUP, other=0.0).to(tl.float32) * 1.4426950408889634  # log2
-        m_i = tl.where(start == 0, sink, m_i)
-        l_i = tl.where(start == 0, 1.0, l_i)
+        m_i, l_i = _sink_start(m_i, l_i, SINKS, heads, offs_g < GROUP, start == 0)
     if FP8:
         acc, m_i, l_i = _fp8_walk(
             acc, m_i, l_i, q, qk_scale, begin, full_end, end, seq_len, table, k_base, v_base,
@@ -476,6 +491,19 @@ def _launch_split(
     )  # fmt: skip
 
 
+# %% ../../kernels_nb/07_decode_attention.ipynb #58b44b13
+def _plan_splits(seq_lens: torch.Tensor, Hk: int, q: torch.Tensor, k_cache: torch.Tensor) -> list:
+    "A split plan `[rows, cu_splits]` on `q`'s device made here, from `seq_lens` read back to the host."
+    planner = SplitPlanner(Hk, q.shape[2], q.dtype, q.device, k_cache.dtype)
+    return [torch.from_numpy(a).to(q.device) for a in planner(seq_lens.tolist())]
+
+
+def _partial_buffers(n: int, Hq: int, D: int, device: torch.device) -> tuple:
+    "`(max, sum, acc)` float32 buffers of `n` pieces' partial softmaxes, `[n, Hq]`, `[n, Hq]`, `[n, Hq, D]`."
+    m_part = torch.empty((n, Hq), dtype=torch.float32, device=device)
+    return m_part, torch.empty_like(m_part), torch.empty((n, Hq, D), dtype=torch.float32, device=device)
+
+
 # %% ../../kernels_nb/07_decode_attention.ipynb #ded8e211
 def decode_attention(
     q: torch.Tensor,
@@ -501,20 +529,14 @@ def decode_attention(
     out = torch.empty((B, Hq, D), dtype=q.dtype, device=q.device)
     if B == 0:
         return out
-    if splits is None:
-        planner = SplitPlanner(Hk, D, q.dtype, q.device, k_cache.dtype)
-        splits = [torch.from_numpy(a).to(q.device) for a in planner(seq_lens.tolist())]
-    rows, cu = splits
+    rows, cu = splits if splits is not None else _plan_splits(seq_lens, Hk, q, k_cache)
     assert cu.shape[0] > B, f"split plan covers {cu.shape[0] - 1} sequences, the batch has {B}"
     cfg = _config(q.device.type, q.dtype, D, cu.shape[0] - 1, k_cache.dtype)  # the planner's, for the batch it planned
     n = rows.shape[0]
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
-    m_part = torch.empty((n, Hq), dtype=torch.float32, device=q.device)
-    l_part = torch.empty_like(m_part)
-    acc_part = torch.empty((n, Hq, D), dtype=torch.float32, device=q.device)
+    m_part, l_part, acc_part = parts = _partial_buffers(n, Hq, D, q.device)
     if n:
-        parts = (m_part, l_part, acc_part)
         _launch_split(q, k_cache, v_cache, out, parts, seq_lens, block_tables, rows, scale, page, Hk, cfg, band, sinks)
     merge = dict(HEAD_DIM=D, BLOCK_D=triton.next_power_of_2(D), **merge_config(B))
     _decode_merge_kernel[(B, Hq)](out, m_part, l_part, acc_part, cu, *out.stride(), **merge)

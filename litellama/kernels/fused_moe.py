@@ -419,40 +419,11 @@ def _activation(g, u, SWIGLU: tl.constexpr, alpha, limit):
 # %% ../../kernels_nb/14_fused_moe.ipynb #6c2c69b5
 @triton.jit(do_not_specialize=["S"])
 def _moe_gate_up_kernel(
-    x_ptr,
-    w_ptr,
-    ws_ptr,
-    out_ptr,
-    sorted_ptr,
-    bexp_ptr,
-    total_ptr,
-    z_ptr,
-    S,
-    H,
-    NI,
-    ZN,
-    s_xt,
-    s_we,
-    s_wn,
-    s_se,
-    s_sn,
-    s_sk,
-    TOP_K: tl.constexpr,
-    FP8: tl.constexpr,
-    WIDEN: tl.constexpr,
-    SB: tl.constexpr,
-    IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    ZERO: tl.constexpr,
-    ZBLOCK: tl.constexpr,
-    b_ptr=None,
-    HAS_BIAS: tl.constexpr = False,
-    SWIGLU: tl.constexpr = False,
-    alpha=1.702,
-    limit=7.0,
-):
+    x_ptr, w_ptr, ws_ptr, out_ptr, sorted_ptr, bexp_ptr, total_ptr, z_ptr, S, H, NI, ZN, s_xt, s_we, s_wn, s_se, s_sn,
+    s_sk, TOP_K: tl.constexpr, FP8: tl.constexpr, WIDEN: tl.constexpr, SB: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ZERO: tl.constexpr, ZBLOCK: tl.constexpr,
+    b_ptr=None, HAS_BIAS: tl.constexpr = False, SWIGLU: tl.constexpr = False, alpha=1.702, limit=7.0,
+):  # fmt: skip
     """`out[slot] = silu(x[slot // k] @ gate_e.T) * (x[slot // k] @ up_e.T)` for one tile of one expert's rows; with
     `HAS_BIAS` the expert's gate|up bias (`b_ptr`, `[E, 2I]`) added, with `SWIGLU` gpt-oss' activation."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)

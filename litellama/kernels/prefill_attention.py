@@ -76,6 +76,20 @@ def _find_tile(CU_Q, slot, num_seqs, search_steps, BLOCK_M: tl.constexpr):
     return seq, q_start, q_len, slot - (q_start // BLOCK_M + seq)
 
 
+# %% ../../kernels_nb/06_prefill_attention.ipynb #43775e92
+@triton.jit
+def _load_q_tile(
+    Q, q_rows, head, offs_m, q_len, offs_d, d_ok, stride_qt, stride_qh, stride_qd, PAD_D: tl.constexpr,
+    FP16_DOT: tl.constexpr,
+):  # fmt: skip
+    "One head's queries of a tile, `[BLOCK_M, BLOCK_D]`: rows past the chunk's `q_len` and padded columns zero."
+    q_ptrs = Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd
+    q = load_tile(q_ptrs, (offs_m < q_len)[:, None], d_ok[None, :], True, PAD_D)
+    if FP16_DOT:
+        q = as_fp16(q)  # bfloat16 queries over an fp8 cache: the tiles widen to fp16 in one instruction
+    return q
+
+
 # %% ../../kernels_nb/06_prefill_attention.ipynb #aa80481e
 @triton.jit(
     do_not_specialize=["CU_Q", "SEQ_LENS", "BLOCK_TABLES", "num_seqs", "num_slots", "search_steps", "stride_bt"]
@@ -103,10 +117,7 @@ def _prefill_kernel(
     d_ok = offs_d < HEAD_DIM
     q_pos = seq_len - q_len + offs_m  # absolute positions of this tile's queries
     q_rows = (q_start + offs_m).to(tl.int64)
-    q_ptrs = Q + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd
-    q = load_tile(q_ptrs, (offs_m < q_len)[:, None], d_ok[None, :], True, PAD_D)
-    if FP16_DOT:
-        q = as_fp16(q)  # bfloat16 queries over an fp8 cache: the tiles widen to fp16 in one instruction
+    q = _load_q_tile(Q, q_rows, head, offs_m, q_len, offs_d, d_ok, stride_qt, stride_qh, stride_qd, PAD_D, FP16_DOT)
     table = BLOCK_TABLES + seq.to(tl.int64) * stride_bt
     k_base = K + (head // GROUP) * stride_kh
     v_base = V + (head // GROUP) * stride_vh

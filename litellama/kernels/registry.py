@@ -191,6 +191,12 @@ OPS = OPS + GDN_OPS
 BACKENDS["triton"].impls.update({op: _K + f"gated_delta:{op}" for op in GDN_OPS})
 BACKENDS["torch"].impls.update({op: _K + f"gated_delta:{op}_ref" for op in GDN_OPS})
 
+# %% ../../kernels_nb/01_registry.ipynb #c0ff4b24
+# multi-head latent attention's decode over a paged latent cache (DeepSeek-V3): kernels_nb/17_mla_decode
+OPS = OPS + ("mla_decode",)
+BACKENDS["triton"].impls["mla_decode"] = _K + "mla_decode:mla_decode"
+BACKENDS["torch"].impls["mla_decode"] = _K + "mla_decode:mla_decode_ref"
+
 
 # %% ../../kernels_nb/01_registry.ipynb #59fe5bd5
 def _env_choice(op):

@@ -213,28 +213,10 @@ def _high_half(words, ASM: tl.constexpr):
 # %% ../../kernels_nb/13_w4a16.ipynb #df8d5dc6
 @triton.jit(do_not_specialize=["M"])
 def _w4_gemv_kernel(
-    x_ptr,
-    qw_ptr,
-    s_ptr,
-    z_ptr,
-    b_ptr,
-    out_ptr,
-    M,
-    N,
-    K,
-    G,
-    s_xm,
-    k_per_split,
-    group_size,
-    magic,
-    HAS_BIAS: tl.constexpr,
-    PARTIAL: tl.constexpr,
-    ASM: tl.constexpr,
-    HALF_GROUPS: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    RUNS: tl.constexpr,
-):
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, G, s_xm, k_per_split, group_size, magic,
+    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, ASM: tl.constexpr, HALF_GROUPS: tl.constexpr,
+    PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr, RUNS: tl.constexpr,
+):  # fmt: skip
     """One row of `x` times `BLOCK_N` rows of the 4-bit weight over one K slice, by multiply-and-add; a step is
     `RUNS` runs of four words per row, the tile `[RUNS, BLOCK_N, 4]`."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)

@@ -121,30 +121,43 @@ def _step(
     return acc, w, s, z
 
 
+# %% ../../kernels_nb/13b_w4a16_hopper.ipynb #92ce6b3b
+@gluon.jit
+def _load_step(w_ptrs, g_ptrs, s_ptr, z_ptr, st: gl.constexpr, SPG: gl.constexpr):
+    "Step `st`'s words, and the scales and zeros of its group (`SPG` steps a group)."
+    w = gl.load(w_ptrs + st * (_BK // 8))
+    s = gl.load(s_ptr + g_ptrs + st // SPG).to(gl.float32)
+    z = gl.load(z_ptr + g_ptrs + st // SPG).to(gl.float32)
+    return w, s, z
+
+
+@gluon.jit
+def _sum_slices(
+    acc, part_ptr, cnt_ptr, out_ptr, b_ptr, at, mask, rn, rn_c, pid_n, pid_k, M, N, HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+):  # fmt: skip
+    "Split K: this slice's plane out; the last slice of its column to come in sums the planes and stores the outputs."
+    mma: gl.constexpr = acc.type.layout
+    BLOCK_N: gl.constexpr = acc.shape[0]
+    gl.store(part_ptr + pid_k * M * N + at, acc, mask=mask)
+    _barrier()
+    one = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma)) == 0
+    cnt = cnt_ptr + pid_n + 0 * rn
+    prev = gl.atomic_add(cnt, gl.full([BLOCK_N], 1, gl.int32, gl.SliceLayout(1, mma)), mask=one, sem="acq_rel")
+    if gl.max(gl.where(one, prev, 0), axis=0) == gl.num_programs(1) - 1:  # every other slice is in
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
+        for sp in range(gl.num_programs(1)):
+            acc += gl.load(part_ptr + sp * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
+        gl.store(cnt, gl.zeros([BLOCK_N], gl.int32, gl.SliceLayout(1, mma)), mask=one)
+        _store_out(out_ptr + at, b_ptr + rn_c, acc, mask, HAS_BIAS)
+
+
 # %% ../../kernels_nb/13b_w4a16_hopper.ipynb #hop17
 @gluon.jit(do_not_specialize=["M"])
 def _w4_wgmma_kernel(
-    x_ptr,
-    qw_ptr,
-    s_ptr,
-    z_ptr,
-    b_ptr,
-    out_ptr,
-    part_ptr,
-    cnt_ptr,
-    M,
-    N,
-    K,
-    G,
-    s_xm,
-    magic2,
-    HAS_BIAS: gl.constexpr,
-    SPLIT: gl.constexpr,
-    MAGIC_VAL: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    K_SPLIT: gl.constexpr,
-    GROUP: gl.constexpr,
-):
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, G, s_xm, magic2, HAS_BIAS: gl.constexpr,
+    SPLIT: gl.constexpr, MAGIC_VAL: gl.constexpr, BLOCK_N: gl.constexpr, K_SPLIT: gl.constexpr, GROUP: gl.constexpr,
+):  # fmt: skip
     """`out^T [BLOCK_N, 16]` of `BLOCK_N` outputs over one slice of `K_SPLIT` inputs, the 4-bit weight as the `A`
     operand of the warpgroup MMA; `M <= 16` rows of `x`."""
     BLOCK_M: gl.constexpr = 16
@@ -166,12 +179,8 @@ def _w4_wgmma_kernel(
     rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
     rn_c = gl.minimum(rn, N - 1)
     g_ptrs = rn_c.to(gl.int64) * G + k_base // GROUP
-    wa = gl.load(w_ptrs)
-    sa = gl.load(s_ptr + g_ptrs).to(gl.float32)
-    za = gl.load(z_ptr + g_ptrs).to(gl.float32)
-    wb = gl.load(w_ptrs + _BK // 8)
-    sb = gl.load(s_ptr + g_ptrs + 1 // SPG).to(gl.float32)
-    zb = gl.load(z_ptr + g_ptrs + 1 // SPG).to(gl.float32)
+    wa, sa, za = _load_step(w_ptrs, g_ptrs, s_ptr, z_ptr, 0, SPG)
+    wb, sb, zb = _load_step(w_ptrs, g_ptrs, s_ptr, z_ptr, 1, SPG)
 
     # 2. x of the slice in MMA order, and its sum per step and row
     x_s = gl.allocate_shared_memory(
@@ -201,22 +210,11 @@ def _w4_wgmma_kernel(
             acc, wb, sb, zb, st + 1, nxt + 1, w_ptrs, g_ptrs, s_ptr, z_ptr, x_s, sum_s, zero, magic2, MAGIC_VAL, SPG
         )
 
-    # 4. the outputs, or this slice's plane and, for the last slice to finish, the sum of the planes
-    rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+    rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))  # 4. the outputs (split K: the planes' sum)
     mask = (rn < N)[:, None] & (rm < M)[None, :]
     at = rm.to(gl.int64)[None, :] * N + rn[:, None]
     if SPLIT:
-        gl.store(part_ptr + pid_k * M * N + at, acc, mask=mask)
-        _barrier()
-        one = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma)) == 0
-        cnt = cnt_ptr + pid_n + 0 * rn
-        prev = gl.atomic_add(cnt, gl.full([BLOCK_N], 1, gl.int32, gl.SliceLayout(1, mma)), mask=one, sem="acq_rel")
-        if gl.max(gl.where(one, prev, 0), axis=0) == gl.num_programs(1) - 1:  # every other slice is in
-            acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-            for sp in range(gl.num_programs(1)):
-                acc += gl.load(part_ptr + sp * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
-            gl.store(cnt, gl.zeros([BLOCK_N], gl.int32, gl.SliceLayout(1, mma)), mask=one)
-            _store_out(out_ptr + at, b_ptr + rn_c, acc, mask, HAS_BIAS)
+        _sum_slices(acc, part_ptr, cnt_ptr, out_ptr, b_ptr, at, mask, rn, rn_c, pid_n, pid_k, M, N, HAS_BIAS, BLOCK_M)
     else:
         _store_out(out_ptr + at, b_ptr + rn_c, acc, mask, HAS_BIAS)
 

@@ -48,12 +48,12 @@ class ModelInput:
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [S]: rows of the packed output whose logits are wanted
     inputs_embeds: torch.Tensor | None = None  # [T, hidden], replaces the token embedding (image features)
+    state_slots: torch.Tensor | None = None  # [B] int32: each sequence's slot in a state cache (hybrid models)
 
 
-# %% ../../nbs/03_attention.ipynb #a77e0b02
-@runtime_checkable
-class AttentionBackend(Protocol):
-    "The ops an attention layer calls: K/V into the paged cache, and attention over it for prefill chunks and decodes."
+# %% ../../nbs/03_attention.ipynb #b64ce479
+class _KVCacheOps(Protocol):
+    "The half of the attention backend that writes: this step's K/V into the paged cache, rotated or not."
 
     def store_kv_cache(
         self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
@@ -73,6 +73,12 @@ class AttentionBackend(Protocol):
         k_weight: torch.Tensor | None = None,
         eps: float = 1e-6,
     ) -> torch.Tensor: ...
+
+
+# %% ../../nbs/03_attention.ipynb #d6569a9e
+@runtime_checkable
+class AttentionBackend(_KVCacheOps, Protocol):
+    "The ops an attention layer calls: K/V into the paged cache, and attention over it for prefill chunks and decodes."
 
     def prefill_attention(
         self,
@@ -122,6 +128,37 @@ class PagedAttention(nn.Module):
         return self.attend(q, attn, sinks)
 
 
+# %% ../../nbs/03_attention.ipynb #3c0a3bfb
+def _prefill_rows(layer: PagedAttention, q, attn: AttentionMetadata, seq_lens, block_tables, band: dict):
+    "Prefill attention of rows `q`, the chunks of the sequences `seq_lens` and `block_tables` describe."
+    return ops.prefill_attention(
+        q,
+        layer.k_cache,
+        layer.v_cache,
+        attn.cu_seqlens_q,
+        seq_lens,
+        block_tables,
+        layer.scale,
+        max_seqlen_q=attn.max_seqlen_q,
+        **band,
+    )
+
+
+def _decode_rows(layer: PagedAttention, q, attn: AttentionMetadata, seq_lens, block_tables, band: dict, **more):
+    "Decode attention of rows `q`, one a sequence, over the cache (`more`: the step's memo, when all rows decode)."
+    return decode_attention(
+        q,
+        layer.k_cache,
+        layer.v_cache,
+        seq_lens,
+        block_tables,
+        layer.scale,
+        splits=attn.decode_splits,
+        **more,
+        **band,
+    )
+
+
 # %% ../../nbs/03_attention.ipynb #e48010c8
 @patch
 def attend(self: PagedAttention, q, attn: AttentionMetadata, sinks: torch.Tensor | None = None):
@@ -129,51 +166,12 @@ def attend(self: PagedAttention, q, attn: AttentionMetadata, sinks: torch.Tensor
     P, npf = attn.num_prefill_tokens, attn.num_prefills
     band = self.band if sinks is None else {**self.band, "sinks": sinks}
     if P == q.shape[0]:
-        return ops.prefill_attention(
-            q,
-            self.k_cache,
-            self.v_cache,
-            attn.cu_seqlens_q,
-            attn.seq_lens,
-            attn.block_tables,
-            self.scale,
-            max_seqlen_q=attn.max_seqlen_q,
-            **band,
-        )
+        return _prefill_rows(self, q, attn, attn.seq_lens, attn.block_tables, band)
     if P == 0:
-        return decode_attention(
-            q,
-            self.k_cache,
-            self.v_cache,
-            attn.seq_lens,
-            attn.block_tables,
-            self.scale,
-            splits=attn.decode_splits,
-            memo=attn.per_step,
-            **band,
-        )
+        return _decode_rows(self, q, attn, attn.seq_lens, attn.block_tables, band, memo=attn.per_step)
     out = torch.empty_like(q)
-    out[:P] = ops.prefill_attention(
-        q[:P],
-        self.k_cache,
-        self.v_cache,
-        attn.cu_seqlens_q,
-        attn.seq_lens[:npf],
-        attn.block_tables[:npf],
-        self.scale,
-        max_seqlen_q=attn.max_seqlen_q,
-        **band,
-    )
-    out[P:] = decode_attention(
-        q[P:],
-        self.k_cache,
-        self.v_cache,
-        attn.seq_lens[npf:],
-        attn.block_tables[npf:],
-        self.scale,
-        splits=attn.decode_splits,
-        **band,
-    )
+    out[:P] = _prefill_rows(self, q[:P], attn, attn.seq_lens[:npf], attn.block_tables[:npf], band)
+    out[P:] = _decode_rows(self, q[P:], attn, attn.seq_lens[npf:], attn.block_tables[npf:], band)
     return out
 
 

@@ -80,11 +80,9 @@ def _ct_activations(a: dict | None, w: dict, strategy: str, where: str) -> str |
     )
 
 
-# %% ../../nbs/20a_compressed_tensors.ipynb #ct000012
-def ct_scheme(group: dict, fmt: str | None = None, where: str = "config_groups") -> CTScheme:
-    "The `CTScheme` of one `config_groups` entry (`fmt`: the checkpoint's format, unless the group names its own)."
-    w = group.get("weights") or {}
-    fmt = group.get("format") or fmt
+# %% ../../nbs/20a_compressed_tensors.ipynb #bdef1a75
+def _ct_weight_type(w: dict, fmt: str | None, where: str) -> tuple[str, Any, int]:
+    "`(fmt, type, num_bits)` of a group's weights stored in format `fmt`, or ValueError naming what is unsupported."
     if fmt in CT_FP4 or (w.get("type") == "float" and w.get("num_bits") == 4):
         raise ValueError(f"compressed-tensors {where} format '{fmt}' (NVFP4/MXFP4 4-bit floats) is not supported")
     if fmt not in CT_FORMATS:
@@ -103,6 +101,12 @@ def ct_scheme(group: dict, fmt: str | None = None, where: str = "config_groups")
         )
     if bits == 4 and fmt != "pack-quantized":
         raise ValueError(f"compressed-tensors {where}: 4-bit weights need format pack-quantized, not '{fmt}'")
+    return fmt, kind, bits
+
+
+# %% ../../nbs/20a_compressed_tensors.ipynb #1d146240
+def _ct_strategy(w: dict, kind: str, bits: int, where: str) -> tuple:
+    "`(strategy, group_size, block, symmetric)` of a group's weights, or ValueError naming what is unsupported."
     g = w.get("group_size")
     strategy = w.get("strategy") or ("tensor" if g is None else "channel" if g == -1 else "group")
     if strategy not in ("tensor", "channel", "group", "block") or (bits == 4 and strategy not in ("channel", "group")):
@@ -117,6 +121,12 @@ def ct_scheme(group: dict, fmt: str | None = None, where: str = "config_groups")
     symmetric = w.get("symmetric", True) is not False
     if not symmetric and bits != 4:
         raise ValueError(f"compressed-tensors {where}.weights.symmetric false: only 4-bit weights may have zero points")
+    return strategy, g, block, symmetric
+
+
+# %% ../../nbs/20a_compressed_tensors.ipynb #9b39be5e
+def _ct_actorder(w: dict, bits: int, strategy: str, where: str) -> str | None:
+    "None, 'weight' or 'group': how a group's weights follow activation order (older files' spellings read too)."
     given = w.get("actorder")
     if given not in (None, False, True, "weight", "group", "static", "dynamic"):
         raise ValueError(f"compressed-tensors {where}.weights.actorder '{given}' is not supported")
@@ -127,6 +137,17 @@ def ct_scheme(group: dict, fmt: str | None = None, where: str = "config_groups")
             f"compressed-tensors {where}.weights.actorder 'group' with {bits}-bit {strategy} weights is not supported: "
             "activation-ordered groups need 4-bit group weights"
         )
+    return actorder
+
+
+# %% ../../nbs/20a_compressed_tensors.ipynb #ct000012
+def ct_scheme(group: dict, fmt: str | None = None, where: str = "config_groups") -> CTScheme:
+    "The `CTScheme` of one `config_groups` entry (`fmt`: the checkpoint's format, unless the group names its own)."
+    w = group.get("weights") or {}
+    fmt = group.get("format") or fmt
+    fmt, kind, bits = _ct_weight_type(w, fmt, where)
+    strategy, g, block, symmetric = _ct_strategy(w, kind, bits, where)
+    actorder = _ct_actorder(w, bits, strategy, where)
     act = _ct_activations(group.get("input_activations"), w, strategy, where)
     if act and (bits != 8 or strategy == "group"):
         raise ValueError(
@@ -170,6 +191,63 @@ def _load_g_idx(layer: Layer, tensor: torch.Tensor, shard: Any) -> None:
         )
 
 
+# %% ../../nbs/20a_compressed_tensors.ipynb #4c3d6caf
+def _create_w4_params(layer: Layer, scheme: CTScheme, groups: int, device: Any) -> None:
+    "The pack-quantized tensors `layer` loads: codes eight a word, scales, zero points and `weight_g_idx` if used."
+    N, K = layer.out_features, layer.in_features
+
+    def param(name: str, shape: tuple, dt: torch.dtype) -> None:
+        setattr(layer, name, nn.Parameter(torch.empty(shape, dtype=dt, device=device), requires_grad=False))
+
+    param("weight_packed", (N, K // 8), torch.int32)
+    param("weight_scale", (N, groups), torch.float32)
+    if not scheme.symmetric:
+        param("weight_zero_point", (N // 8, groups), torch.int32)
+    if scheme.actorder:
+        layer.weight_g_idx = nn.Parameter(torch.full((K,), -1, dtype=torch.int32, device=device), requires_grad=False)
+        layer._g_idx_from = None
+    layer.register_buffer("weight_shape", torch.tensor([N, K], device=device), persistent=False)
+
+
+# %% ../../nbs/20a_compressed_tensors.ipynb #c5a2373b
+def _repack_w4(layer: Layer, symmetric: bool) -> None:
+    """Replace `layer`'s loaded pack-quantized tensors by the W4A16 kernel's (`to_kernel_layout`): codes and zero
+    points unpacked (8 when symmetric), groups from `weight_g_idx` or in order."""
+    N, K = layer.out_features, layer.in_features
+    codes = unpack_words(layer.weight_packed.data, 4, K)
+    scales = layer.weight_scale.data
+    zeros = (
+        torch.full_like(scales, 8, dtype=torch.int32)
+        if symmetric
+        else unpack_words(layer.weight_zero_point.data, 4, N, dim=0)
+    )
+    g_idx = getattr(layer, "weight_g_idx", None)
+    if g_idx is None or bool((g_idx.data < 0).all()):
+        g_idx = torch.arange(K, device=codes.device) // (K // scales.shape[1])
+    qw, s, z, group, perm = to_kernel_layout(
+        codes.t(),
+        zeros.t(),
+        scales.t(),
+        g_idx.data if isinstance(g_idx, nn.Parameter) else g_idx,
+        layer.params_dtype or torch.float32,
+    )
+    for name in (
+        "weight_packed",
+        "weight_scale",
+        "weight_zero_point",
+        "weight_g_idx",
+        "weight_shape",
+        "_g_idx_from",
+    ):
+        if hasattr(layer, name):
+            delattr(layer, name)
+    layer.register_buffer("w4_qweight", qw)
+    layer.register_buffer("w4_scales", s)
+    layer.register_buffer("w4_zeros", z)
+    layer.register_buffer("w4_perm", perm)
+    layer.w4_group = group
+
+
 # %% ../../nbs/20a_compressed_tensors.ipynb #ct000018
 class PackedW4(LinearMethod):
     """`pack-quantized` 4-bit weights (group or channel scales, optional zero points and `weight_g_idx`), repacked for
@@ -187,21 +265,7 @@ class PackedW4(LinearMethod):
         return K // g
 
     def create_weights(self, layer: Layer, dtype: torch.dtype | None, device: Any) -> None:
-        N, K, G = layer.out_features, layer.in_features, self._groups(layer)
-
-        def param(name: str, shape: tuple, dt: torch.dtype) -> None:
-            setattr(layer, name, nn.Parameter(torch.empty(shape, dtype=dt, device=device), requires_grad=False))
-
-        param("weight_packed", (N, K // 8), torch.int32)
-        param("weight_scale", (N, G), torch.float32)
-        if not self.scheme.symmetric:
-            param("weight_zero_point", (N // 8, G), torch.int32)
-        if self.scheme.actorder:
-            layer.weight_g_idx = nn.Parameter(
-                torch.full((K,), -1, dtype=torch.int32, device=device), requires_grad=False
-            )
-            layer._g_idx_from = None
-        layer.register_buffer("weight_shape", torch.tensor([N, K], device=device), persistent=False)
+        _create_w4_params(layer, self.scheme, self._groups(layer), device)
 
     def expected(self, layer: Layer, param_name: str) -> list:
         need = ("weight_packed", "weight_scale", "weight_zero_point") + (
@@ -222,39 +286,7 @@ class PackedW4(LinearMethod):
         raise KeyError(f"unexpected tensor '{param_name}' for a pack-quantized 4-bit layer")
 
     def process_after_loading(self, layer: Layer) -> None:
-        N, K = layer.out_features, layer.in_features
-        codes = unpack_words(layer.weight_packed.data, 4, K)
-        scales = layer.weight_scale.data
-        zeros = (
-            torch.full_like(scales, 8, dtype=torch.int32)
-            if self.scheme.symmetric
-            else unpack_words(layer.weight_zero_point.data, 4, N, dim=0)
-        )
-        g_idx = getattr(layer, "weight_g_idx", None)
-        if g_idx is None or bool((g_idx.data < 0).all()):
-            g_idx = torch.arange(K, device=codes.device) // (K // scales.shape[1])
-        qw, s, z, group, perm = to_kernel_layout(
-            codes.t(),
-            zeros.t(),
-            scales.t(),
-            g_idx.data if isinstance(g_idx, nn.Parameter) else g_idx,
-            layer.params_dtype or torch.float32,
-        )
-        for name in (
-            "weight_packed",
-            "weight_scale",
-            "weight_zero_point",
-            "weight_g_idx",
-            "weight_shape",
-            "_g_idx_from",
-        ):
-            if hasattr(layer, name):
-                delattr(layer, name)
-        layer.register_buffer("w4_qweight", qw)
-        layer.register_buffer("w4_scales", s)
-        layer.register_buffer("w4_zeros", z)
-        layer.register_buffer("w4_perm", perm)
-        layer.w4_group = group
+        _repack_w4(layer, self.scheme.symmetric)
 
     def apply(self, layer: Layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return ops.w4a16_linear(
@@ -309,6 +341,30 @@ def _targets(prefix: str, targets: tuple) -> int:
     return 0 if "Linear" in targets else -1
 
 
+# %% ../../nbs/20a_compressed_tensors.ipynb #8096f6f5
+def _ct_schemes(qc: dict) -> list:
+    "The scheme of each `config_groups` entry of a dense `quantization_config`, in order."
+    sparsity = qc.get("sparsity_config") or {}
+    if sparsity and sparsity.get("format", "dense") != "dense":
+        raise ValueError(
+            f"compressed-tensors sparsity_config.format '{sparsity.get('format')}' (sparse weights, e.g. 2:4) is "
+            "not supported"
+        )
+    groups = qc.get("config_groups") or {}
+    if not groups:
+        raise ValueError("compressed-tensors quantization_config has no config_groups")
+    return [ct_scheme(g, qc.get("format"), f"config_groups.{name}") for name, g in groups.items()]
+
+
+# %% ../../nbs/20a_compressed_tensors.ipynb #211e60af
+def _ct_method(s: CTScheme) -> LinearMethod:
+    "The layer method that runs scheme `s`: the packed 4- or 8-bit methods, else the int8/fp8 checkpoint method."
+    if s.fmt == "pack-quantized":
+        return PackedW4(s) if s.bits == 4 else PackedW8(s)
+    block = s.block or ((1, s.group_size) if s.group_size else None)
+    return CheckpointW8(s.qdtype, block, s.activations, "weight_scale")
+
+
 # %% ../../nbs/20a_compressed_tensors.ipynb #ct000024
 class CompressedTensorsConfig(QuantConfig):
     "A compressed-tensors checkpoint: W4A16/W8A16 `pack-quantized`, `int-quantized` W8A8/W8A16, `float-quantized` FP8."
@@ -326,17 +382,7 @@ class CompressedTensorsConfig(QuantConfig):
 
     @classmethod
     def from_hf(cls, qc: dict, model_dir: Any = None) -> "CompressedTensorsConfig":
-        sparsity = qc.get("sparsity_config") or {}
-        if sparsity and sparsity.get("format", "dense") != "dense":
-            raise ValueError(
-                f"compressed-tensors sparsity_config.format '{sparsity.get('format')}' (sparse weights, e.g. 2:4) is "
-                "not supported"
-            )
-        groups = qc.get("config_groups") or {}
-        if not groups:
-            raise ValueError("compressed-tensors quantization_config has no config_groups")
-        schemes = [ct_scheme(g, qc.get("format"), f"config_groups.{name}") for name, g in groups.items()]
-        return cls(schemes, qc.get("ignore") or (), stored_tensors(model_dir))
+        return cls(_ct_schemes(qc), qc.get("ignore") or (), stored_tensors(model_dir))
 
     def scheme_for(self, prefix: str) -> CTScheme | None:
         "The scheme of the layer at `prefix` (each part's best-matching group; the parts must agree)."
@@ -361,7 +407,4 @@ class CompressedTensorsConfig(QuantConfig):
         s = self.scheme_for(prefix)
         if s is None:
             raise ValueError(f"tensor '{names[0]}.weight_scale': no config_groups entry targets '{names[0]}'")
-        if s.fmt == "pack-quantized":
-            return PackedW4(s) if s.bits == 4 else PackedW8(s)
-        block = s.block or ((1, s.group_size) if s.group_size else None)
-        return CheckpointW8(s.qdtype, block, s.activations, "weight_scale")
+        return _ct_method(s)

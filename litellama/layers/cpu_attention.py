@@ -186,7 +186,10 @@ def cpu_rope_and_store_kv(
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     blocks, offsets, keep = step_store_slots(memo, slot_mapping, k_cache.shape[1])
     for x, cache in ((k, k_cache), (v, v_cache)):
-        cache[blocks, offsets] = (x if keep is None else x[keep]).to(cache.dtype)
+        if keep is not None and keep.dim() == 3:  # a padded step's rows: those not kept leave their slot as it is
+            cache[blocks, offsets] = torch.where(keep, x.to(cache.dtype), cache[blocks, offsets])
+        else:
+            cache[blocks, offsets] = (x if keep is None else x[keep]).to(cache.dtype)
     return q
 
 

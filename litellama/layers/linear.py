@@ -100,6 +100,17 @@ class Unquantized(LinearMethod):
         return linear(x, layer.weight, bias)
 
 
+# %% ../../nbs/02a_linear.ipynb #8ff15fa8
+def _shard_offsets(out_features: int | dict) -> tuple[dict, int]:
+    "`({shard: (first row, rows)}, total rows)` of a layer's outputs: the named shards one after the other, or one."
+    sizes = out_features if isinstance(out_features, dict) else {None: out_features}
+    shards: dict = {}
+    off = 0
+    for name, size in sizes.items():
+        shards[name], off = (off, size), off + size
+    return shards, off
+
+
 # %% ../../nbs/02a_linear.ipynb #3537f455
 class Linear(nn.Module):
     "`y = x @ W.T + b`; the output rows may be split into named shards; `self.method` stores and multiplies `W`."
@@ -119,11 +130,7 @@ class Linear(nn.Module):
         method: LinearMethod | None = None,
     ):
         super().__init__()
-        sizes = out_features if isinstance(out_features, dict) else {None: out_features}
-        self.shards: dict = {}
-        off = 0
-        for name, size in sizes.items():
-            self.shards[name], off = (off, size), off + size
+        self.shards, off = _shard_offsets(out_features)
         self.in_features, self.out_features, self.prefix, self.params_dtype = in_features, off, prefix, dtype
         self.method = method or (quant.method_for(self, prefix) if quant is not None else None) or Unquantized()
         self.method.create_weights(self, dtype, device)
@@ -131,9 +138,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
         "`x @ W.T + b`; with `silu_mul` (rows `[gate | up]`), `silu(gate) * up` of it, in one product where it can."
-        if silu_mul:
-            return self.method.apply_silu_mul(self, x, self.bias)
-        return self.method.apply(self, x, self.bias)
+        return (self.method.apply_silu_mul if silu_mul else self.method.apply)(self, x, self.bias)
 
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: str | None = None) -> None:
         "Copy a checkpoint `tensor` into `param_name`: the bias here, everything else through the method."

@@ -238,8 +238,12 @@ class ParallelLMHead(LMHead):
 # %% ../../nbs/25_parallel.ipynb #95933484
 def rank_config(config: PretrainedConfig, size: int) -> PretrainedConfig:
     """`config` as one of `size` tensor-parallel ranks sees it (local heads, intermediate sizes and vocabulary); the
-    full sizes stay as `full_<name>`, for a model that cuts a fused checkpoint tensor before it is sharded."""
+    full sizes stay as `full_<name>`, for a model that cuts a fused checkpoint tensor before it is sharded. A
+    vision-language config's `text_config` is sharded; its vision tower is whole on every rank."""
     c = copy.deepcopy(config)
+    if getattr(config, "text_config", None) is not None:  # a vision-language model: only its decoder is sharded
+        c.text_config = rank_config(config.text_config, size)
+        return c
     c.head_dim = head_dim(config)
     c.num_attention_heads = _divide(config.num_attention_heads, size, "num_attention_heads")
     kv = config.num_key_value_heads
@@ -284,29 +288,41 @@ def _swap(
     )
 
 
+# %% ../../nbs/25_parallel.ipynb #5d6cb771
+def _parallel_mlp(m: Any, H: int, inter: int, kw: dict) -> None:
+    """Shard an MLP: one that declares `tensor_parallel(rank, size)` (a sparse MoE block) shards itself; a dense one's
+    gate|up is cut by columns, its down by rows."""
+    if hasattr(m, "tensor_parallel"):
+        m.tensor_parallel(kw["rank"], kw["size"])
+        return
+    if not hasattr(m, "gate_up_proj"):
+        raise ValueError(f"{type(m).__name__}: this MLP has no tensor-parallel layout")
+    _swap(m, "gate_up_proj", MergedColumnParallelLinear, H, {"gate": inter, "up": inter}, **kw)
+    _swap(m, "down_proj", RowParallelLinear, inter, H, **kw)
+
+
 # %% ../../nbs/25_parallel.ipynb #dd1702f8
 @torch.no_grad()
 def parallelize(model: Any, config: PretrainedConfig, rank: int, size: int) -> Any:
     """Replace `model`'s (built from `rank_config(config, size)`) linears and vocabulary layers by their parallel twins
-    (`model`: a CausalLM of models/, a floor above, reached by its attribute names). An MLP that declares
-    `tensor_parallel(rank, size)` (a sparse MoE block) shards itself."""
+    (`model`: a CausalLM of models/, a floor above, reached by its attribute names). An MLP or an attention that
+    declares `tensor_parallel(rank, size)` (a sparse MoE block, DeepSeek's latent attention) shards itself."""
     if size == 1:
+        return model
+    if hasattr(model, "language_model"):  # a vision-language model: the decoder sharded, tower and projector whole
+        parallelize(model.language_model, config.text_config, rank, size)
         return model
     H, D = config.hidden_size, head_dim(config)
     dt, dev = model.model.embed_tokens.weight.dtype, model.model.embed_tokens.weight.device
     kw: dict[str, Any] = dict(rank=rank, size=size, quant=model.quant, device=dev)
     for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
-        _swap(a, "qkv_proj", QKVParallelLinear, H, config.num_attention_heads, config.num_key_value_heads, D, **kw)
-        _swap(a, "o_proj", RowParallelLinear, config.num_attention_heads * D, H, **kw)
-        if hasattr(m, "tensor_parallel"):
-            m.tensor_parallel(rank, size)
-            continue
-        if not hasattr(m, "gate_up_proj"):
-            raise ValueError(f"{type(m).__name__}: this MLP has no tensor-parallel layout")
-        inter = config.intermediate_size
-        _swap(m, "gate_up_proj", MergedColumnParallelLinear, H, {"gate": inter, "up": inter}, **kw)
-        _swap(m, "down_proj", RowParallelLinear, inter, H, **kw)
+        if hasattr(a, "tensor_parallel"):
+            a.tensor_parallel(rank, size)
+        else:
+            _swap(a, "qkv_proj", QKVParallelLinear, H, config.num_attention_heads, config.num_key_value_heads, D, **kw)
+            _swap(a, "o_proj", RowParallelLinear, config.num_attention_heads * D, H, **kw)
+        _parallel_mlp(m, H, config.intermediate_size, kw)
     emb = model.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, H, dt, dev, rank=rank, size=size)
     model.lm_head = ParallelLMHead(
         H,

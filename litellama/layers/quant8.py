@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fastcore.basics import patch
 from torch import nn
 
 from ..kernels.quant_gemm import QMAX
@@ -146,6 +147,37 @@ def _expand_rows(t: torch.Tensor, bn: int, rows: int) -> torch.Tensor:
     return t.repeat_interleave(bn, 0)[:rows]
 
 
+# %% ../../nbs/20_quant8.ipynb #dd7efb93
+def _scale_rows(name: str, tensor: torch.Tensor, block: tuple | None, rows: int, cols: int) -> torch.Tensor:
+    """A part's stored scales, checked against its `rows x cols` weight, as one row per output row: block scales
+    (`block=(bn, bk)`) expanded, a per-channel or per-tensor scale as `[rows, 1]`."""
+    bn, bk = block or (rows, cols)
+    want = (-(-rows // bn), -(-cols // bk))
+    if block and tuple(tensor.shape) != want:
+        raise ValueError(f"{name} is {tuple(tensor.shape)}, expected {want} for {rows}x{cols} in {bn}x{bk} blocks")
+    if not block and tensor.numel() not in (1, rows):
+        raise ValueError(f"{name} has {tensor.numel()} entries, expected {rows} (per channel) or 1 (per tensor)")
+    return _expand_rows(tensor, bn, rows) if block else tensor.float().reshape(-1, 1).expand(rows, 1)
+
+
+# %% ../../nbs/20_quant8.ipynb #1a4a4ca2
+def _w8a8(method: Any, layer: Layer, x2: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, out_dtype):
+    """`x2 @ W^T` with the activations quantized too (`method.activations`): by the static input scale, per `bk`
+    group with block weights, else per token; the GEMM of 8-bit operands rescales."""
+    qdtype = method.qdtype
+    if method.activations == "static":
+        s = layer.input_scale[:1]
+        qmax = QMAX[qdtype]
+        v = (x2.float() / s).clamp(-qmax, qmax)
+        xq = v.round().to(torch.int8) if qdtype == torch.int8 else v.to(qdtype)
+        return ops.scaled_mm(xq, s.expand(x2.shape[0]), layer.weight, scale, bias, out_dtype)
+    if method.block:
+        xq, sx = ops.per_token_quant(x2, qdtype, method.block[1])
+        return ops.block_scaled_mm(xq, sx, layer.weight, scale, (1, method.block[1]), bias, out_dtype)
+    xq, sx = ops.per_token_quant(x2, qdtype)
+    return ops.scaled_mm(xq, sx, layer.weight, scale, bias, out_dtype)
+
+
 # %% ../../nbs/20_quant8.ipynb #295f1fb4
 class CheckpointW8(LinearMethod):
     """8-bit weights read from a quantized checkpoint. `block=(bn, bk)`: block scales named `scale_name`; else per
@@ -174,40 +206,6 @@ class CheckpointW8(LinearMethod):
         if self.activations == "static":
             layer.input_scale = nn.Parameter(torch.zeros(N, dtype=torch.float32, device=device), requires_grad=False)
 
-    def load(self, layer: Layer, param_name: str, tensor: torch.Tensor, shard: Any = None) -> None:
-        rows = layer.shards[shard][1] if shard in layer.shards else layer.out_features
-        if param_name == "weight":
-            if tensor.dtype != self.qdtype:
-                raise ValueError(
-                    f"expected a {self.qdtype} weight, got {tensor.dtype} (a layer the checkpoint left unquantized but "
-                    "does not list as such?)"
-                )
-            return copy_shard(layer.weight, tensor, layer.shards, shard)
-        if param_name == self.scale_name:
-            bn, bk = self.block or (rows, layer.in_features)
-            want = (-(-rows // bn), -(-layer.in_features // bk))
-            if self.block and tuple(tensor.shape) != want:
-                raise ValueError(
-                    f"{param_name} is {tuple(tensor.shape)}, expected {want} for {rows}x{layer.in_features} in "
-                    f"{bn}x{bk} blocks"
-                )
-            if not self.block and tensor.numel() not in (1, rows):
-                raise ValueError(
-                    f"{param_name} has {tensor.numel()} entries, expected {rows} (per channel) or 1 (per tensor)"
-                )
-            s = _expand_rows(tensor, bn, rows) if self.block else tensor.float().reshape(-1, 1).expand(rows, 1)
-            return copy_shard(getattr(layer, param_name), s, layer.shards, shard)
-        if param_name == "input_scale" and self.activations == "static":
-            return copy_shard(layer.input_scale, tensor.float().reshape(1).expand(rows), layer.shards, shard)
-        raise KeyError(f"unexpected tensor '{param_name}' for an 8-bit checkpoint layer")
-
-    def process_after_loading(self, layer: Layer) -> None:
-        if self.activations == "static":
-            layer.input_scale.data.fill_(layer.input_scale.max().item())  # one scale for the fused input
-        if not self.block:
-            per_row = getattr(layer, self.scale_name).data[:, 0].contiguous()
-            setattr(layer, self.scale_name, nn.Parameter(per_row, requires_grad=False))
-
     def apply(
         self, layer: Layer, x: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
     ) -> torch.Tensor:
@@ -215,23 +213,41 @@ class CheckpointW8(LinearMethod):
         blk = (1, self.block[1]) if self.block else None
         if self.activations is None or not _use_w8a8(x2, self.qdtype):  # gated inside the GEMM
             return ops.w8a16_gemm(x2, layer.weight, scale, bias, blk, gated=gated).reshape(*x.shape[:-1], -1)
-        if self.activations == "static":
-            s = layer.input_scale[:1]
-            qmax = QMAX[self.qdtype]
-            v = (x2.float() / s).clamp(-qmax, qmax)
-            xq = v.round().to(torch.int8) if self.qdtype == torch.int8 else v.to(self.qdtype)
-            y = ops.scaled_mm(xq, s.expand(x2.shape[0]), layer.weight, scale, bias, x.dtype)
-        elif self.block:
-            xq, sx = ops.per_token_quant(x2, self.qdtype, self.block[1])
-            y = ops.block_scaled_mm(xq, sx, layer.weight, scale, blk, bias, x.dtype)
-        else:
-            xq, sx = ops.per_token_quant(x2, self.qdtype)
-            y = ops.scaled_mm(xq, sx, layer.weight, scale, bias, x.dtype)
+        y = _w8a8(self, layer, x2, scale, bias, x.dtype)
         y = ops.silu_and_mul(y) if gated else y
         return y.reshape(*x.shape[:-1], -1)
 
     def apply_silu_mul(self, layer: Layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.apply(layer, x, bias, gated=True)
+
+
+# %% ../../nbs/20_quant8.ipynb #322468cd
+@patch
+def load(self: CheckpointW8, layer: Layer, param_name: str, tensor: torch.Tensor, shard: Any = None) -> None:
+    rows = layer.shards[shard][1] if shard in layer.shards else layer.out_features
+    if param_name == "weight":
+        if tensor.dtype != self.qdtype:
+            raise ValueError(
+                f"expected a {self.qdtype} weight, got {tensor.dtype} (a layer the checkpoint left unquantized but "
+                "does not list as such?)"
+            )
+        return copy_shard(layer.weight, tensor, layer.shards, shard)
+    if param_name == self.scale_name:
+        s = _scale_rows(param_name, tensor, self.block, rows, layer.in_features)
+        return copy_shard(getattr(layer, param_name), s, layer.shards, shard)
+    if param_name == "input_scale" and self.activations == "static":
+        return copy_shard(layer.input_scale, tensor.float().reshape(1).expand(rows), layer.shards, shard)
+    raise KeyError(f"unexpected tensor '{param_name}' for an 8-bit checkpoint layer")
+
+
+# %% ../../nbs/20_quant8.ipynb #f4ce529f
+@patch
+def process_after_loading(self: CheckpointW8, layer: Layer) -> None:
+    if self.activations == "static":
+        layer.input_scale.data.fill_(layer.input_scale.max().item())  # one scale for the fused input
+    if not self.block:
+        per_row = getattr(layer, self.scale_name).data[:, 0].contiguous()
+        setattr(layer, self.scale_name, nn.Parameter(per_row, requires_grad=False))
 
 
 # %% ../../nbs/20_quant8.ipynb #ckd00002
@@ -288,6 +304,23 @@ def checkpoint_quantized(
     return False
 
 
+# %% ../../nbs/20_quant8.ipynb #15120a15
+def _fp8_scheme(qc: dict) -> tuple:
+    "`(activation_scheme, weight_block_size)` of an fp8 checkpoint's `quantization_config`, checked."
+    act = str(qc.get("activation_scheme", "dynamic")).lower()
+    block = qc.get("weight_block_size")
+    if act not in ("dynamic", "static"):
+        raise ValueError(f"fp8 activation_scheme '{act}' is not supported (dynamic or static)")
+    if block is not None and (len(block) != 2 or act == "static"):
+        raise ValueError(
+            f"fp8 weight_block_size {block} with activation_scheme '{act}' is not supported (two sizes, dynamic "
+            "activations)"
+        )
+    if qc.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"fp8 format '{qc.get('fmt')}' is not supported (e4m3 only)")
+    return act, block
+
+
 # %% ../../nbs/20_quant8.ipynb #eac5bb67
 class Fp8Config(QuantConfig):
     """`quantization='fp8'` (runtime: per-channel e4m3 weights, W8A16; W8A8 with per-token fp8 activations on sm_89+),
@@ -322,17 +355,7 @@ class Fp8Config(QuantConfig):
 
     @classmethod
     def from_hf(cls, qc: dict, model_dir: Any = None) -> "Fp8Config":
-        act = str(qc.get("activation_scheme", "dynamic")).lower()
-        block = qc.get("weight_block_size")
-        if act not in ("dynamic", "static"):
-            raise ValueError(f"fp8 activation_scheme '{act}' is not supported (dynamic or static)")
-        if block is not None and (len(block) != 2 or act == "static"):
-            raise ValueError(
-                f"fp8 weight_block_size {block} with activation_scheme '{act}' is not supported (two sizes, dynamic "
-                "activations)"
-            )
-        if qc.get("fmt", "e4m3") != "e4m3":
-            raise ValueError(f"fp8 format '{qc.get('fmt')}' is not supported (e4m3 only)")
+        act, block = _fp8_scheme(qc)
         ignore = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
         return cls(True, block, act, ignore, stored_tensors(model_dir))
 

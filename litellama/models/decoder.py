@@ -84,21 +84,11 @@ class DecoderLayer(nn.Module):
         scale: float | None = None,
     ):
         super().__init__()
-        eps = config.rms_norm_eps
+        eps, name = config.rms_norm_eps, f"{prefix}.self_attn"
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        qkv_bias, o_bias = biases["qkv"], biases["o"]
         self.self_attn = SelfAttention(
-            config,
-            rotary,
-            biases["qkv"],
-            biases["o"],
-            qk_norm,
-            dtype,
-            device,
-            quant,
-            f"{prefix}.self_attn",
-            window,
-            softcap,
-            scale,
+            config, rotary, qkv_bias, o_bias, qk_norm, dtype, device, quant, name, window, softcap, scale
         )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = mlp
@@ -141,22 +131,14 @@ class DecoderModel(nn.Module):
         layer_cls, attn_args = layer_cls or DecoderLayer, attn_args or {}
         # a factor on the token embeddings (Gemma: the square root of the hidden size)
         self.embed_scale: float | None = None
-        self.layers = nn.ModuleList(
-            layer_cls(
-                config,
-                self.rotary if uses_rope(config, i) else self.no_rotation,
-                biases,
-                qk_norm,
-                make_mlp(i, f"model.layers.{i}.mlp"),
-                dtype,
-                device,
-                quant,
-                f"model.layers.{i}",
-                layer_window(config, i),
-                **attn_args,
-            )
-            for i in range(config.num_hidden_layers)
-        )
+
+        def layer(i: int) -> nn.Module:  # layer i: its rotary (or none), its MLP, its window
+            rotary = self.rotary if uses_rope(config, i) else self.no_rotation
+            mlp, window = make_mlp(i, f"model.layers.{i}.mlp"), layer_window(config, i)
+            args = (biases, qk_norm, mlp, dtype, device, quant, f"model.layers.{i}", window)
+            return layer_cls(config, rotary, *args, **attn_args)
+
+        self.layers = nn.ModuleList(layer(i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 
     def forward(self, mi: ModelInput) -> torch.Tensor:
@@ -171,11 +153,49 @@ class DecoderModel(nn.Module):
         return self.norm(x, residual)[0]
 
 
-# %% ../../nbs/04_decoder.ipynb #762808fa
-class CausalLM(nn.Module):
-    "A decoder-only LM over a paged KV cache. Subclasses declare the architecture's differences."
+# %% ../../nbs/04_decoder.ipynb #b92e6423
+class _ArchitectureChoices(nn.Module):
+    "What a model family declares about its layers; a subclass of `CausalLM` overrides only where it differs."
 
     qk_norm = False
+    layer_cls = DecoderLayer  # a family with another block structure declares its own layer
+
+    @classmethod
+    def biases(cls, config: PretrainedConfig) -> dict:
+        "Which projections carry a bias."
+        b = bool(getattr(config, "attention_bias", False))
+        return {"qkv": b, "o": b, "mlp": bool(getattr(config, "mlp_bias", False))}
+
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        "Refuse configurations this implementation would run wrongly."
+        for i in range(config.num_hidden_layers):
+            layer_window(config, i)  # an attention type it does not know
+
+    @classmethod
+    def attention_args(cls, config: PretrainedConfig) -> dict:
+        "What every layer's attention takes beyond the window: a score `softcap` or a `scale` (Gemma), by default none."
+        return {}
+
+    def make_mlp(
+        self,
+        config: PretrainedConfig,
+        layer_idx: int,
+        dtype: torch.dtype | None,
+        device: torch.device | str | None,
+        quant: QuantConfig | None,
+        prefix: str,
+    ) -> nn.Module:
+        "The MLP of layer `layer_idx`: a dense gated MLP (a sparse model overrides this)."
+        return GatedMLP(
+            config.hidden_size, config.intermediate_size, self.biases(config)["mlp"], dtype, device, quant, prefix
+        )
+
+
+# %% ../../nbs/04_decoder.ipynb #3cd535da
+class _CheckpointNames(nn.Module):
+    "How the checkpoint's tensor names map onto this model's parameters."
+
     # checkpoint module name -> (our fused module, shard)
     packed_modules = {
         "q_proj": ("qkv_proj", "q"),
@@ -185,7 +205,26 @@ class CausalLM(nn.Module):
         "up_proj": ("gate_up_proj", "up"),
     }
     ignored_suffixes = ("rotary_emb.inv_freq",)
-    layer_cls = DecoderLayer  # a family with another block structure declares its own layer
+
+    def checkpoint_tensors(self, weights: Iterable) -> Iterable:
+        "The checkpoint's `(name, tensor)` pairs as this model loads them (a family with fused tensors cuts them here)."
+        return weights
+
+    def route(self, name: str) -> tuple[Any, str, Any]:
+        "`(module, param_name, shard)` that checkpoint tensor `name` loads into; KeyError or AttributeError if none."
+        *path, pname = name.split(".")
+        shard = None
+        if path and path[-1] in self.packed_modules:
+            path[-1], shard = self.packed_modules[path[-1]]
+        module = self.get_submodule(".".join(path))
+        if not isinstance(getattr(module, pname, None), torch.Tensor):
+            raise KeyError(name)
+        return module, pname, shard
+
+
+# %% ../../nbs/04_decoder.ipynb #762808fa
+class CausalLM(_ArchitectureChoices, _CheckpointNames):
+    "A decoder-only LM over a paged KV cache. Subclasses declare the architecture's differences."
 
     def __init__(
         self,
@@ -210,64 +249,12 @@ class CausalLM(nn.Module):
             self.attention_args(config),
         )
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = LMHead(
-            config.hidden_size,
-            config.vocab_size,
-            dtype,
-            device,
-            quant,
-            tie=self.model.embed_tokens if self.tied else None,
-        )
-
-    @classmethod
-    def biases(cls, config: PretrainedConfig) -> dict:
-        "Which projections carry a bias."
-        b = bool(getattr(config, "attention_bias", False))
-        return {"qkv": b, "o": b, "mlp": bool(getattr(config, "mlp_bias", False))}
-
-    @classmethod
-    def check_config(cls, config: PretrainedConfig) -> None:
-        "Refuse configurations this implementation would run wrongly."
-        for i in range(config.num_hidden_layers):
-            layer_window(config, i)  # an attention type it does not know
-
-    @classmethod
-    def attention_args(cls, config: PretrainedConfig) -> dict:
-        "What every layer's attention takes beyond the window: a score `softcap` or a `scale` (Gemma), by default none."
-        return {}
-
-    def checkpoint_tensors(self, weights: Iterable) -> Iterable:
-        "The checkpoint's `(name, tensor)` pairs as this model loads them (a family with fused tensors cuts them here)."
-        return weights
-
-    def make_mlp(
-        self,
-        config: PretrainedConfig,
-        layer_idx: int,
-        dtype: torch.dtype | None,
-        device: torch.device | str | None,
-        quant: QuantConfig | None,
-        prefix: str,
-    ) -> nn.Module:
-        "The MLP of layer `layer_idx`: a dense gated MLP (a sparse model overrides this)."
-        return GatedMLP(
-            config.hidden_size, config.intermediate_size, self.biases(config)["mlp"], dtype, device, quant, prefix
-        )
+        tie = self.model.embed_tokens if self.tied else None
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, dtype, device, quant, tie=tie)
 
     def forward(self, mi: ModelInput) -> torch.Tensor:
         "Logits `[len(mi.logits_indices), vocab]` in the model's dtype."
         return self.lm_head(self.model(mi)[mi.logits_indices])
-
-    def route(self, name: str) -> tuple[Any, str, Any]:
-        "`(module, param_name, shard)` that checkpoint tensor `name` loads into; KeyError or AttributeError if none."
-        *path, pname = name.split(".")
-        shard = None
-        if path and path[-1] in self.packed_modules:
-            path[-1], shard = self.packed_modules[path[-1]]
-        module = self.get_submodule(".".join(path))
-        if not isinstance(getattr(module, pname, None), torch.Tensor):
-            raise KeyError(name)
-        return module, pname, shard
 
     def bind_kv_cache(self, kv_cache: Iterable) -> None:
         """Give each layer its `(k_cache, v_cache)`, each `[num_blocks, block_size, Hk, D]`: `kv_cache` yields one pair
@@ -375,9 +362,20 @@ for _arch, _type in (
 ):
     LAZY_MODELS[_arch] = (_type, "litellama.models.gemma_phi3")  # nbs/04c_gemma_phi3
 LAZY_MODELS["GptOssForCausalLM"] = ("gpt_oss", "litellama.models.gpt_oss")  # nbs/04d_gpt_oss
+LAZY_MODELS["DeepseekV3ForCausalLM"] = ("deepseek_v3", "litellama.models.deepseek_v3")  # nbs/04e_deepseek_v3
+for _arch, _type in (
+    ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+    ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+    ("Qwen3NextForCausalLM", "qwen3_next"),
+):
+    LAZY_MODELS[_arch] = (_type, "litellama.models.qwen3_next")  # nbs/04f_qwen3_next
 REFUSED = {  # architectures recognised but not served, and why
     "Gemma3ForConditionalGeneration": "Gemma 3's vision tower is not implemented; text-only checkpoints "
     "(Gemma3ForCausalLM, such as gemma-3-1b) are served",
+    "Qwen3_5ForConditionalGeneration": "the multimodal Qwen3.5 checkpoint is not served (its vision tower is not "
+    "implemented); text-only Qwen3.5 checkpoints (Qwen3_5ForCausalLM) are",
+    "Qwen3_5MoeForConditionalGeneration": "the multimodal Qwen3.5-MoE checkpoint is not served (its vision tower is "
+    "not implemented); text-only ones (Qwen3_5MoeForCausalLM) are",
 }
 
 

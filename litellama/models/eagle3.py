@@ -53,24 +53,11 @@ def aux_layer_ids(head_config: PretrainedConfig, num_target_layers: int) -> tupl
     return ids
 
 
-# %% ../../nbs/32a_eagle3.ipynb #61fbcbcd
-def write_eagle3_head(
-    target: "str | Path | PretrainedConfig",
-    path: str | Path,
-    draft_vocab_size: int | None = None,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-    with_embedding: bool = False,
-) -> Path:
-    "Write a random EAGLE-3 head for `target` (a checkpoint directory or its config) into `path`; return `path`."
-    from safetensors.torch import save_file
-
-    cfg = target if isinstance(target, PretrainedConfig) else load_config(target)
+# %% ../../nbs/32a_eagle3.ipynb #2c6b2337
+def _eagle3_tensors(cfg: PretrainedConfig, dv: int, seed: int, dtype: torch.dtype, with_embedding: bool) -> dict:
+    "Random tensors of a head for target config `cfg` with a draft vocabulary of `dv` ids (`d2t`, `t2d` to match)."
     hid, vocab, inter = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads, head_dim(cfg)
-    dv = draft_vocab_size or vocab
-    if not 1 <= dv <= vocab:
-        raise ValueError(f"draft_vocab_size must be between 1 and the target's vocabulary ({vocab}), got {dv}")
     g = torch.Generator().manual_seed(seed)
     rand = lambda *shape: (torch.randn(*shape, generator=g) * shape[-1] ** -0.5).to(dtype)
     norm = lambda: (1 + 0.1 * torch.randn(hid, generator=g)).to(dtype)
@@ -97,6 +84,14 @@ def write_eagle3_head(
     }
     if with_embedding:
         tensors["embed_tokens.weight"] = rand(vocab, hid)
+    return tensors
+
+
+# %% ../../nbs/32a_eagle3.ipynb #85cca27a
+def _eagle3_config(cfg: PretrainedConfig, dv: int, dtype: torch.dtype) -> dict:
+    "The head's `config.json`: one Llama layer of the target's shape, its rotary, both vocabularies."
+    hid, vocab, inter = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
+    nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads, head_dim(cfg)
     rope = {k: v for k, v in rope_parameters(cfg).items() if k != "rope_theta"}
     config = dict(
         architectures=[EAGLE3_ARCHITECTURES[0]],
@@ -118,6 +113,27 @@ def write_eagle3_head(
         attention_bias=False,
         torch_dtype=str(dtype).removeprefix("torch."),
     )
+    return config
+
+
+# %% ../../nbs/32a_eagle3.ipynb #1f0f3fc8
+def write_eagle3_head(
+    target: "str | Path | PretrainedConfig",
+    path: str | Path,
+    draft_vocab_size: int | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    with_embedding: bool = False,
+) -> Path:
+    "Write a random EAGLE-3 head for `target` (a checkpoint directory or its config) into `path`; return `path`."
+    from safetensors.torch import save_file
+
+    cfg = target if isinstance(target, PretrainedConfig) else load_config(target)
+    vocab = cfg.vocab_size
+    dv = draft_vocab_size or vocab
+    if not 1 <= dv <= vocab:
+        raise ValueError(f"draft_vocab_size must be between 1 and the target's vocabulary ({vocab}), got {dv}")
+    tensors, config = _eagle3_tensors(cfg, dv, seed, dtype, with_embedding), _eagle3_config(cfg, dv, dtype)
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
@@ -191,6 +207,7 @@ class Eagle3Attention(nn.Module):
         return self.o_proj(out.reshape(t, self.nh * self.d))
 
 
+# %% ../../nbs/32a_eagle3.ipynb #82bfebc3
 class Eagle3MLP(nn.Module):
     "The gated MLP: `down(act(gate(x)) * up(x))`."
 
@@ -270,6 +287,33 @@ class Eagle3Head(nn.Module):
         return draft + self.d2t[draft]
 
 
+# %% ../../nbs/32a_eagle3.ipynb #77d0c28a
+def _check_head_config(path: str | Path, cfg: PretrainedConfig, target_config: PretrainedConfig) -> None:
+    "Refuse a head in `path` that is not EAGLE-3 or whose width or vocabulary differs from the target's."
+    archs = list(getattr(cfg, "architectures", None) or [])
+    if not set(archs) & set(EAGLE3_ARCHITECTURES):
+        raise ValueError(f"{path}: architectures {archs} is not an EAGLE-3 head ({', '.join(EAGLE3_ARCHITECTURES)})")
+    hid = target_config.hidden_size
+    for name in ("hidden_size", "target_hidden_size"):
+        got = getattr(cfg, name, None)
+        if got is not None and got != hid:
+            raise ValueError(f"{path}: the head's {name} is {got}, the target's hidden size is {hid}")
+    if cfg.vocab_size != target_config.vocab_size:
+        raise ValueError(f"{path}: the head's vocab_size is {cfg.vocab_size}, the target's {target_config.vocab_size}")
+
+
+# %% ../../nbs/32a_eagle3.ipynb #19ff6096
+def _check_d2t(path: str | Path, d2t: torch.Tensor, vocab_size: int) -> None:
+    "Refuse a `d2t` (draft id `i` is target id `i + d2t[i]`) that sends a draft id outside the target's vocabulary."
+    targets = torch.arange(len(d2t), device=d2t.device) + d2t
+    bad = torch.nonzero((targets < 0) | (targets >= vocab_size)).flatten()
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(
+            f"{path}: d2t maps draft id {i} to target id {int(targets[i])}, outside the target's {vocab_size} ids"
+        )
+
+
 # %% ../../nbs/32a_eagle3.ipynb #14cdf373
 @torch.no_grad()
 def load_eagle3_head(
@@ -281,16 +325,8 @@ def load_eagle3_head(
 ) -> Eagle3Head:
     "The EAGLE-3 head in `path`, checked against the target's config; `embed_weight`: the target's embedding."
     cfg = load_config(path)
-    archs = list(getattr(cfg, "architectures", None) or [])
-    if not set(archs) & set(EAGLE3_ARCHITECTURES):
-        raise ValueError(f"{path}: architectures {archs} is not an EAGLE-3 head ({', '.join(EAGLE3_ARCHITECTURES)})")
+    _check_head_config(path, cfg, target_config)
     hid = target_config.hidden_size
-    for name in ("hidden_size", "target_hidden_size"):
-        got = getattr(cfg, name, None)
-        if got is not None and got != hid:
-            raise ValueError(f"{path}: the head's {name} is {got}, the target's hidden size is {hid}")
-    if cfg.vocab_size != target_config.vocab_size:
-        raise ValueError(f"{path}: the head's vocab_size is {cfg.vocab_size}, the target's {target_config.vocab_size}")
     head = Eagle3Head(cfg, dtype, device)
     tensors = dict(iter_weights(weight_files(path)))
     own = head.state_dict()
@@ -307,13 +343,7 @@ def load_eagle3_head(
             raise ValueError(f"{path}: tensor '{k}' has shape {tuple(t.shape)}, the head needs {shapes[k]}")
         if k in own:
             own[k].copy_(t)
-    targets = torch.arange(head.draft_vocab_size, device=head.d2t.device) + head.d2t
-    bad = torch.nonzero((targets < 0) | (targets >= cfg.vocab_size)).flatten()
-    if len(bad):
-        i = int(bad[0])
-        raise ValueError(
-            f"{path}: d2t maps draft id {i} to target id {int(targets[i])}, outside the target's {cfg.vocab_size} ids"
-        )
+    _check_d2t(path, head.d2t, cfg.vocab_size)
     emb = tensors.get("embed_tokens.weight", embed_weight)
     head.embed_weight = None if emb is None else emb.to(device=device, dtype=dtype)
     return head.eval()

@@ -12,6 +12,7 @@ __all__ = [
     "expert_layout",
     "GptOssExperts",
     "GptOssMoE",
+    "gpt_oss_expert_piece",
     "dequantize_mxfp4",
     "Mxfp4Pairs",
     "Mxfp4Config",
@@ -28,10 +29,11 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from ..distributed.comm import all_reduce
 from ..kernels.registry import ops
 from ..layers.linear import Linear, QuantConfig
 from .decoder import MODEL_REGISTRY, MODEL_TYPES, CausalLM
-from .qwen3_moe import num_experts
+from .qwen3_moe import expert_piece, num_experts
 
 log = logging.getLogger("litellama")
 
@@ -66,6 +68,14 @@ class GptOssExperts(nn.Module):
         self.gate_up_proj, self.gate_up_proj_bias = new(E, 2 * Im, H), new(E, 2 * Im)
         self.down_proj, self.down_proj_bias = new(E, H, Im), new(E, H)
         self.alpha, self.limit = float(getattr(config, "swiglu_alpha", 1.702)), float(config.swiglu_limit)
+        self.tp_rank, self.tp_size = 0, 1  # each expert's intermediate split over ranks (`gpt_oss_expert_piece`)
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: Any = None) -> None:
+        "Copy this rank's piece of the full checkpoint tensor `param_name` in."
+        tensor, target = gpt_oss_expert_piece(param_name, tensor, self.tp_rank, self.tp_size), getattr(self, param_name)
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(f"shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}")
+        target.data.copy_(tensor)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         return ops.fused_moe(
@@ -81,6 +91,7 @@ class GptOssExperts(nn.Module):
         )
 
 
+# %% ../../nbs/04d_gpt_oss.ipynb #ce838573
 class GptOssMoE(nn.Module):
     "gpt-oss' MLP: a router with a bias picks each token's top-k experts, softmax over the chosen, and runs them."
 
@@ -92,9 +103,23 @@ class GptOssMoE(nn.Module):
         self.router = Linear(config.hidden_size, E, True, dtype, device)
         self.experts = GptOssExperts(config, dtype, device)
 
+    def tensor_parallel(self, rank: int, size: int) -> None:
+        "Rank `rank` of `size`: its experts (built at `intermediate_size / size`) load their piece; outputs summed."
+        self.experts.tp_rank, self.experts.tp_size = rank, size
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = ops.moe_topk(self.router(x), self.top_k, True)
-        return self.experts(x, topk_weights, topk_ids)
+        out = self.experts(x, topk_weights, topk_ids)
+        return all_reduce(out) if self.experts.tp_size > 1 else out
+
+
+# %% ../../nbs/04d_gpt_oss.ipynb #1c94816e
+def gpt_oss_expert_piece(param_name: str, tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """Rank `rank` of `size`'s piece of a full experts' tensor in our layout (`expert_layout`); the down bias whole
+    on rank 0 and zero elsewhere, since the ranks' outputs are summed."""
+    if param_name == "down_proj_bias":
+        return tensor if rank == 0 else torch.zeros_like(tensor)
+    return expert_piece(param_name, tensor, None, rank, size)
 
 
 # %% ../../nbs/04d_gpt_oss.ipynb #8ddbac5b
@@ -201,9 +226,12 @@ class GptOssForCausalLM(CausalLM):
 
     def checkpoint_tensors(self, weights: Iterable) -> Iterator:
         "The experts' tensors in our layout (`expert_layout`), MXFP4 pairs dequantized to the experts' dtype first."
-        pairs = Mxfp4Pairs(self.model.layers[0].mlp.experts.down_proj.dtype)
+        experts = self.model.layers[0].mlp.experts  # which holds this rank (`GptOssMoE.tensor_parallel`)
+        pairs = Mxfp4Pairs(experts.down_proj.dtype)
         for name, t in weights:
-            if ".experts." not in name:
+            if name.endswith(".sinks"):  # one per query head: this rank's heads, in a run as `QKVParallelLinear` cuts
+                yield name, t.chunk(experts.tp_size)[experts.tp_rank]
+            elif ".experts." not in name:
                 yield name, t
             elif name.endswith(("_blocks", "_scales")):
                 if (done := pairs.add(name, t)) is not None:

@@ -181,8 +181,54 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
-# %% ../../nbs/29_llava.ipynb #8f51b5ac
-class LlavaForConditionalGeneration(nn.Module):
+# %% ../../nbs/29_llava.ipynb #0accf0ff
+def _feature_selection(config: PretrainedConfig) -> tuple[list, str]:
+    """`(the tower's layers whose features are used, 'default' or 'full')`: 'default' drops each image's CLS token,
+    'full' keeps it."""
+    fl = config.vision_feature_layer
+    strategy = config.vision_feature_select_strategy
+    if strategy not in ("default", "full"):
+        raise ValueError(f"unsupported vision_feature_select_strategy '{strategy}'")
+    return (list(fl) if isinstance(fl, (list, tuple)) else [fl]), strategy
+
+
+def _projector(config: PretrainedConfig, n_layers: int, dtype: torch.dtype | None, device: Any) -> LlavaProjector:
+    "The projector from `n_layers` tower layers' features, side by side, to the text model's width."
+    vc, tc = config.vision_config, config.text_config
+    return LlavaProjector(
+        vc.hidden_size * n_layers,
+        tc.hidden_size,
+        config.projector_hidden_act,
+        getattr(config, "multimodal_projector_bias", True),
+        dtype,
+        device,
+    )
+
+
+# %% ../../nbs/29_llava.ipynb #a3165880
+class _LlavaInputs(nn.Module):
+    "LLaVA's inputs: each image's projected features, and the text embeddings."
+
+    vision_tower: CLIPVisionTower
+    multi_modal_projector: LlavaProjector
+    language_model: LlamaForCausalLM
+    feature_layers: list
+    select_strategy: str
+
+    def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        "`[images, num_image_tokens, text hidden]`: the projected features that replace each image's placeholders."
+        dt = self.multi_modal_projector.linear_1.weight.dtype
+        feats = self.vision_tower(pixel_values.to(dt), self.feature_layers)
+        if self.select_strategy == "default":
+            feats = feats[:, 1:]
+        return self.multi_modal_projector(feats.reshape(-1, feats.shape[-1])).view(feats.shape[0], feats.shape[1], -1)
+
+    def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.model.embed_tokens(ids)
+
+
+# %% ../../nbs/29_llava.ipynb #b76b67d6
+class LlavaForConditionalGeneration(_LlavaInputs):
     """LLaVA-1.5: CLIP tower + projector + Llama; `embed_images` once per image, then `forward(ModelInput)` like any
     decoder."""
 
@@ -201,20 +247,9 @@ class LlavaForConditionalGeneration(nn.Module):
         if getattr(tc, "model_type", "llama") != "llama":
             raise ValueError(f"LLaVA with a '{tc.model_type}' language model is not supported (llama only)")
         self.config, self.text_config = config, tc
-        fl = config.vision_feature_layer
-        self.feature_layers = list(fl) if isinstance(fl, (list, tuple)) else [fl]
-        self.select_strategy = config.vision_feature_select_strategy
-        if self.select_strategy not in ("default", "full"):
-            raise ValueError(f"unsupported vision_feature_select_strategy '{self.select_strategy}'")
+        self.feature_layers, self.select_strategy = _feature_selection(config)
         self.vision_tower = CLIPVisionTower(vc, dtype, device)
-        self.multi_modal_projector = LlavaProjector(
-            vc.hidden_size * len(self.feature_layers),
-            tc.hidden_size,
-            config.projector_hidden_act,
-            getattr(config, "multimodal_projector_bias", True),
-            dtype,
-            device,
-        )
+        self.multi_modal_projector = _projector(config, len(self.feature_layers), dtype, device)
         self.language_model = LlamaForCausalLM(
             tc, dtype=dtype, device=device, quant=quant
         )  # the tower and projector stay 16-bit
@@ -227,17 +262,6 @@ class LlavaForConditionalGeneration(nn.Module):
 
     def forward(self, mi: ModelInput) -> torch.Tensor:
         return self.language_model(mi)
-
-    def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        "`[images, num_image_tokens, text hidden]`: the projected features that replace each image's placeholders."
-        dt = self.multi_modal_projector.linear_1.weight.dtype
-        feats = self.vision_tower(pixel_values.to(dt), self.feature_layers)
-        if self.select_strategy == "default":
-            feats = feats[:, 1:]
-        return self.multi_modal_projector(feats.reshape(-1, feats.shape[-1])).view(feats.shape[0], feats.shape[1], -1)
-
-    def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.model.embed_tokens(ids)
 
     def bind_kv_cache(self, kv_cache: Iterable) -> None:
         self.language_model.bind_kv_cache(kv_cache)

@@ -201,7 +201,8 @@ def load_sharded_model(
     device: str | torch.device | None = "auto",
     quantization: str | None = None,
 ):
-    "This rank's shard of the checkpoint at `model_dir`: `(model, full_config, rank_config)`."
+    """This rank's shard of the checkpoint at `model_dir`: `(model, full_config, rank_config)`, a vision-language
+    model's decoder configs (as `load_model`'s)."""
     config = load_config(model_dir)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device, config)
@@ -216,4 +217,8 @@ def load_sharded_model(
         load_weights(model, iter_weights(weight_files(model_dir)))
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{model_dir}: {e.args[0]}") from None
+    if hasattr(model, "text_config"):  # the decoder's configs; the full one names the model's class and its eos
+        full = config.text_config
+        full.architectures, full.eos_token_id = config.architectures, model.text_config.eos_token_id
+        return model.eval(), full, model.text_config
     return model.eval(), config, rc

@@ -152,31 +152,24 @@ def adapter_dir(path: str | os.PathLike, name: str) -> Path:
         raise AdapterError(str(e) if name == str(path) else f"adapter '{name}': {e}") from None
 
 
-# %% ../../nbs/35_lora.ipynb #cb5b7a18
+# %% ../../nbs/35_lora.ipynb #a7f09605
 _PREFIX, _PAIR = "base_model.model.", re.compile(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight")
 
 
-def read_adapter(path: str | Path, model: nn.Module, max_lora_rank: int, name: str | None = None) -> LoRAAdapter:
-    """Read the PEFT adapter at `path` (a directory or a hub id) for `model`; raise `AdapterError` (one line) for
-    anything it cannot serve: an unsupported field, a rank over `max_lora_rank`, a target the model lacks, a misshapen
-    tensor."""
-    name = name or (Path(path).name if looks_like_path(path) else str(path))
-    path = adapter_dir(path, name)
-    cfg_file, weights_file = path / "adapter_config.json", path / "adapter_model.safetensors"
-    for f in (cfg_file, weights_file):
-        if not f.is_file():
-            raise AdapterError(f"adapter '{name}': no {f.name} in {path}")
-    config = AdapterConfig.from_dict(json.loads(cfg_file.read_text()), f"adapter '{name}'")
-    if config.r > max_lora_rank:
-        raise AdapterError(f"adapter '{name}': rank r={config.r} is over max_lora_rank={max_lora_rank}")
-    ours = hf_linear_names(model)
+def _check_targets(config: AdapterConfig, ours: dict, name: str) -> None:
+    "Refuse an adapter whose `target_modules` list names a module that is not a linear layer of the model (`ours`)."
     if isinstance(config.target_modules, list) and config.target_modules != ["all-linear"]:
         for t in config.target_modules:
             if not targeted(AdapterConfig(1, 1, False, [t]), list(ours)):
                 raise AdapterError(f"adapter '{name}': target '{t}' is not a linear layer of this model")
-    selected = set(targeted(config, list(ours)))
+
+
+# %% ../../nbs/35_lora.ipynb #daafc0ce
+def _lora_layers(tensors: dict, model: nn.Module, config: AdapterConfig, ours: dict, selected: set, name: str) -> dict:
+    """`{module name: LoRALayerWeights}` from an adapter's `tensors`, each pair checked: a linear layer of the model
+    that `target_modules` selects, at the shapes rank `config.r` gives it."""
     layers: dict[str, LoRALayerWeights] = {}
-    for key, tensor in load_file(str(weights_file)).items():
+    for key, tensor in tensors.items():
         m = _PAIR.fullmatch(key.removeprefix(_PREFIX))
         if not m or m.group(1) not in ours:
             raise AdapterError(f"adapter '{name}': tensor '{key}' is not a LoRA pair of a linear layer of this model")
@@ -191,6 +184,27 @@ def read_adapter(path: str | Path, model: nn.Module, max_lora_rank: int, name: s
             raise AdapterError(f"adapter '{name}': tensor '{key}' has shape {tuple(tensor.shape)}, expected {want}")
         lw = layers.setdefault(module_name, LoRALayerWeights())
         (lw.a if which == "A" else lw.b)[shard] = tensor
+    return layers
+
+
+# %% ../../nbs/35_lora.ipynb #5835cd32
+def read_adapter(path: str | Path, model: nn.Module, max_lora_rank: int, name: str | None = None) -> LoRAAdapter:
+    """Read the PEFT adapter at `path` (a directory or a hub id) for `model`; raise `AdapterError` (one line) for
+    anything it cannot serve: an unsupported field, a rank over `max_lora_rank`, a target the model lacks, a misshapen
+    tensor."""
+    name = name or (Path(path).name if looks_like_path(path) else str(path))
+    path = adapter_dir(path, name)
+    cfg_file, weights_file = path / "adapter_config.json", path / "adapter_model.safetensors"
+    for f in (cfg_file, weights_file):
+        if not f.is_file():
+            raise AdapterError(f"adapter '{name}': no {f.name} in {path}")
+    config = AdapterConfig.from_dict(json.loads(cfg_file.read_text()), f"adapter '{name}'")
+    if config.r > max_lora_rank:
+        raise AdapterError(f"adapter '{name}': rank r={config.r} is over max_lora_rank={max_lora_rank}")
+    ours = hf_linear_names(model)
+    _check_targets(config, ours, name)
+    selected = set(targeted(config, list(ours)))
+    layers = _lora_layers(load_file(str(weights_file)), model, config, ours, selected, name)
     for module_name, lw in layers.items():
         if set(lw.a) != set(lw.b):
             raise AdapterError(f"adapter '{name}': {module_name} has lora_A for {set(lw.a)} but lora_B for {set(lw.b)}")

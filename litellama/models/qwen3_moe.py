@@ -60,6 +60,35 @@ def expert_piece(param_name: str, tensor: torch.Tensor, shard: tuple | None, ran
     return torch.cat([piece(gate, 1), piece(up, 1)], 1)
 
 
+# %% ../../nbs/04b_qwen3_moe.ipynb #9103feab
+def _expert_params(E: int, H: int, Im: int, dtype: torch.dtype | None, device: Any, fp8_block: int | None) -> dict:
+    """`E` experts' stacked gate|up `[E, 2Im, H]` and down `[E, H, Im]` projections, empty; fp8 with float32 scales
+    per `fp8_block`-square block if `fp8_block`."""
+    if fp8_block and Im % fp8_block:
+        raise ValueError(f"fp8 experts: moe_intermediate_size {Im} is not a multiple of the {fp8_block} scale block")
+    wdt = torch.float8_e4m3fn if fp8_block else dtype
+    new = lambda *s, dt=wdt: nn.Parameter(torch.empty(*s, dtype=dt, device=device), requires_grad=False)
+    params = {"gate_up_proj": new(E, 2 * Im, H), "down_proj": new(E, H, Im)}
+    if fp8_block:
+        cb = lambda n: -(-n // fp8_block)
+        params["gate_up_proj_scale_inv"] = new(E, cb(2 * Im), cb(H), dt=torch.float32)
+        params["down_proj_scale_inv"] = new(E, cb(H), cb(Im), dt=torch.float32)
+    return params
+
+
+# %% ../../nbs/04b_qwen3_moe.ipynb #12d2e6b1
+def _expert_slice(t: torch.Tensor, shard: tuple) -> torch.Tensor:
+    "The slice of stacked experts' tensor `t` that per-expert `shard = (expert, part)` fills."
+    e, part = shard
+    if not 0 <= e < len(t):
+        raise ValueError(f"expert {e} out of range (0..{len(t) - 1})")
+    t = t[e]
+    if part == "down":
+        return t
+    rows = t.shape[0] // 2  # I weight rows, or I / block scale rows
+    return t.narrow(0, 0 if part == "gate" else rows, rows)
+
+
 # %% ../../nbs/04b_qwen3_moe.ipynb #83ad4087
 class FusedMoE(nn.Module):
     "Every expert's gate|up `[E, 2I, H]` and down `[E, H, I]` projections, stacked (fp8, block-scaled, if `fp8_block`)"
@@ -75,35 +104,16 @@ class FusedMoE(nn.Module):
     ):
         super().__init__()
         self.num_experts, self.hidden, self.intermediate, self.fp8_block = num_experts, hidden, intermediate, fp8_block
-        if fp8_block and intermediate % fp8_block:
-            raise ValueError(
-                f"fp8 experts: moe_intermediate_size {intermediate} is not a multiple of the {fp8_block} scale block"
-            )
-        wdt = torch.float8_e4m3fn if fp8_block else dtype
-        new = lambda *s, dt=wdt: nn.Parameter(torch.empty(*s, dtype=dt, device=device), requires_grad=False)
-        E, H, Im = num_experts, hidden, intermediate
-        self.gate_up_proj, self.down_proj = new(E, 2 * Im, H), new(E, H, Im)
-        if fp8_block:
-            cb = lambda n: -(-n // fp8_block)
-            self.gate_up_proj_scale_inv = new(E, cb(2 * Im), cb(H), dt=torch.float32)
-            self.down_proj_scale_inv = new(E, cb(H), cb(Im), dt=torch.float32)
+        for name, p in _expert_params(num_experts, hidden, intermediate, dtype, device, fp8_block).items():
+            setattr(self, name, p)
         self._whole: set[str] = set()  # parameters loaded in one piece
         self.tp_rank, self.tp_size = 0, 1  # each expert's intermediate split over ranks (`expert_piece`)
 
-    def _target(self, pname: str, shard: tuple) -> torch.Tensor:
-        "The slice of `pname` that per-expert `shard = (expert, part)` fills."
-        e, part = shard
-        if not 0 <= e < self.num_experts:
-            raise ValueError(f"expert {e} out of range (0..{self.num_experts - 1})")
-        t = getattr(self, pname).data[e]
-        if part == "down":
-            return t
-        rows = t.shape[0] // 2  # I weight rows, or I / block scale rows
-        return t.narrow(0, 0 if part == "gate" else rows, rows)
-
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: tuple | None = None) -> None:
         "Copy a checkpoint tensor into `param_name`: whole (`shard=None`) or one expert's `(e, part)` slice."
-        target = getattr(self, param_name).data if shard is None else self._target(param_name, shard)
+        target = (
+            getattr(self, param_name).data if shard is None else _expert_slice(getattr(self, param_name).data, shard)
+        )
         tensor = expert_piece(param_name, tensor, shard, self.tp_rank, self.tp_size)
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(f"shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}")

@@ -76,8 +76,95 @@ def token_types(ids: list, image_token_id: int) -> list:
     return [int(t == image_token_id) for t in ids]
 
 
-# %% ../../nbs/30a_qwen3_vl.ipynb #1d48c2ce
-class Qwen3VLForConditionalGeneration(nn.Module):
+# %% ../../nbs/30a_qwen3_vl.ipynb #36566ff6
+def _image_inputs(spans: list, grids: list, images: list, feats: list, merge: int) -> tuple:
+    "One `ImageInput` per image: where its tokens sit, its features, its M-RoPE positions and the shift after it."
+    mm, shift = [], 0
+    for (off, n), g, im, f in zip(spans, grids, images, feats, strict=True):
+        p = image_positions(off + shift, g, merge)
+        shift += max(g[1], g[2]) // merge - n
+        mm.append(ImageInput(off, n, image_hash(im), f, positions=p, rope_shift=shift))
+    return tuple(mm)
+
+
+# %% ../../nbs/30a_qwen3_vl.ipynb #ab50f2e6
+def _check_fits(num_tokens: int, sizes: list, max_model_len: int) -> None:
+    "Refuse a prompt of `num_tokens` tokens, images of `sizes` tokens included, that does not fit the context."
+    if num_tokens >= max_model_len:
+        raise MultiModalError(
+            f"the prompt with {len(sizes)} image(s) of {', '.join(map(str, sizes))} tokens has {num_tokens} tokens; "
+            f"the model's context is {max_model_len} tokens"
+        )
+
+
+# %% ../../nbs/30a_qwen3_vl.ipynb #9be0ff48
+class _Qwen3VLInputs(nn.Module):
+    "Qwen3-VL's inputs: each image's features and placeholders, counted from its size alone, and the text embeddings."
+
+    visual: Qwen3VLVisionModel
+    language_model: Qwen3ForCausalLM
+    merge: int
+    image_token_id: int
+
+    def embed_images(self, pixel_values: torch.Tensor, grids: torch.Tensor | list) -> list:
+        """One `[tokens, hidden * (1 + deepstack layers)]` tensor per image: its merged features, then each DeepStack
+        feature."""
+        feats, ds = self.visual(pixel_values, grids)
+        both = torch.cat([feats, *ds], -1)
+        return list(both.split([t * h * w // self.merge**2 for t, h, w in grids]))
+
+    def process_images(
+        self,
+        image_processor: Any,
+        ids: list,
+        images: list,
+        max_model_len: int,
+        device: torch.device | str | None = None,
+    ) -> tuple:
+        "`(ids with each image placeholder expanded to its t*h*w/4 tokens, ImageInput per image)`; features made once."
+        if not images:
+            return expand_images(ids, self.image_token_id, [])
+        out = image_processor(images, return_tensors="pt")
+        grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
+        sizes = [t * h * w // self.merge**2 for t, h, w in grids]
+        new, spans = expand_images(ids, self.image_token_id, sizes)
+        _check_fits(len(new), sizes, max_model_len)
+        if device is None:
+            device = next(self.parameters()).device
+        with torch.inference_mode():
+            feats = self.embed_images(out["pixel_values"].to(device), grids)
+        return new, _image_inputs(spans, grids, images, feats, self.merge)
+
+    def image_token_counts(self, image_processor: Any, images: list) -> list:
+        "Each image's number of tokens from its size alone (the image processor's resize rule), no pixel processed."
+        return [image_processor.get_number_of_image_patches(im.height, im.width, {}) // self.merge**2 for im in images]
+
+    def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.model.embed_tokens(ids)
+
+
+# %% ../../nbs/30a_qwen3_vl.ipynb #21bd0931
+def _decode(lm: Any, mi: ModelInput, x: torch.Tensor, ds: torch.Tensor | None, mrope_section: list) -> torch.Tensor:
+    """The decoder `lm`'s normed hidden states over embeddings `x`, DeepStack features `ds` `[T, n, hidden]` (or None)
+    added after its first `n` layers; three rows of `mi.positions` build each token's M-RoPE cos|sin rows."""
+    rot, base = lm.rotary, lm.rotary.cos_sin_cache
+    pos = mi.positions
+    if pos.dim() == 2:  # three rows: each token's own cos|sin rows, read in order
+        rot.cos_sin_cache = ops.mrope_cos_sin(pos, base, mrope_section)
+        pos = torch.arange(pos.shape[1], device=pos.device)
+    try:
+        residual = None
+        for i, layer in enumerate(lm.layers):
+            x, residual = layer(pos, x, residual, mi.attn)
+            if ds is not None and i < ds.shape[1]:
+                x = x + ds[:, i]
+    finally:
+        rot.cos_sin_cache = base
+    return lm.norm(x, residual)[0]
+
+
+# %% ../../nbs/30a_qwen3_vl.ipynb #9ffe3bac
+class Qwen3VLForConditionalGeneration(_Qwen3VLInputs):
     """Qwen3-VL: the vision encoder, a Qwen3 decoder with interleaved M-RoPE, DeepStack features added after its
     first layers."""
 
@@ -108,79 +195,20 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         self.num_deepstack = len(vc.deepstack_visual_indexes)
         self.hidden = tc.hidden_size
 
-    def embed_images(self, pixel_values: torch.Tensor, grids: torch.Tensor | list) -> list:
-        """One `[tokens, hidden * (1 + deepstack layers)]` tensor per image: its merged features, then each DeepStack
-        feature."""
-        feats, ds = self.visual(pixel_values, grids)
-        both = torch.cat([feats, *ds], -1)
-        return list(both.split([t * h * w // self.merge**2 for t, h, w in grids]))
-
-    def process_images(
-        self,
-        image_processor: Any,
-        ids: list,
-        images: list,
-        max_model_len: int,
-        device: torch.device | str | None = None,
-    ) -> tuple:
-        "`(ids with each image placeholder expanded to its t*h*w/4 tokens, ImageInput per image)`; features made once."
-        if not images:
-            return expand_images(ids, self.image_token_id, [])
-        out = image_processor(images, return_tensors="pt")
-        grids = [tuple(int(v) for v in g) for g in out["image_grid_thw"]]
-        sizes = [t * h * w // self.merge**2 for t, h, w in grids]
-        new, spans = expand_images(ids, self.image_token_id, sizes)
-        if len(new) >= max_model_len:
-            raise MultiModalError(
-                f"the prompt with {len(images)} image(s) of {', '.join(map(str, sizes))} tokens has {len(new)} tokens; "
-                f"the model's context is {max_model_len} tokens"
-            )
-        if device is None:
-            device = next(self.parameters()).device
-        with torch.inference_mode():
-            feats = self.embed_images(out["pixel_values"].to(device), grids)
-        mm, shift = [], 0
-        for (off, n), g, im, f in zip(spans, grids, images, feats, strict=True):
-            p = image_positions(off + shift, g, self.merge)
-            shift += max(g[1], g[2]) // self.merge - n
-            mm.append(ImageInput(off, n, image_hash(im), f, positions=p, rope_shift=shift))
-        return new, tuple(mm)
-
-    def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.model.embed_tokens(ids)
-
     def bind_kv_cache(self, kv_cache: Iterable) -> None:
         self.language_model.bind_kv_cache(kv_cache)
 
     def forward(self, mi: ModelInput) -> torch.Tensor:
-        lm = self.language_model.model
         x, ds = mi.inputs_embeds, None
         if x is None:
-            x = lm.embed_tokens(mi.input_ids)
+            x = self.language_model.model.embed_tokens(mi.input_ids)
         elif x.shape[-1] > self.hidden:
             x, ds = x[:, : self.hidden], x[:, self.hidden :].unflatten(-1, (self.num_deepstack, self.hidden))
-        rot, base = lm.rotary, lm.rotary.cos_sin_cache
-        pos = mi.positions
-        if pos.dim() == 2:  # three rows: each token's own cos|sin rows, read in order
-            rot.cos_sin_cache = ops.mrope_cos_sin(pos, base, self.mrope_section)
-            pos = torch.arange(pos.shape[1], device=pos.device)
-        try:
-            residual = None
-            for i, layer in enumerate(lm.layers):
-                x, residual = layer(pos, x, residual, mi.attn)
-                if ds is not None and i < self.num_deepstack:
-                    x = x + ds[:, i]
-        finally:
-            rot.cos_sin_cache = base
-        h = lm.norm(x, residual)[0]
+        h = _decode(self.language_model.model, mi, x, ds, self.mrope_section)
         return self.language_model.lm_head(h[mi.logits_indices])
 
     def route(self, name: str) -> tuple[Any, str, Any]:
         return CausalLM.route(self, qwen3_vl_key(name))  # type: ignore[arg-type]  # the same lookup, over this model
-
-    def image_token_counts(self, image_processor: Any, images: list) -> list:
-        "Each image's number of tokens from its size alone (the image processor's resize rule), no pixel processed."
-        return [image_processor.get_number_of_image_patches(im.height, im.width, {}) // self.merge**2 for im in images]
 
 
 # %% ../../nbs/30a_qwen3_vl.ipynb #49b0c866

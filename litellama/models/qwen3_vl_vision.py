@@ -100,39 +100,14 @@ class PatchMerger(nn.Module):
         return self.linear_fc2(ops.gelu(self.linear_fc1(x)))
 
 
-# %% ../../nbs/30_qwen3_vl_vision.ipynb #cacaf29b
-class Qwen3VLVisionModel(nn.Module):
-    "Patch embedding, interpolated learned positions, 2-D rotary blocks, the merger and the DeepStack mergers."
+# %% ../../nbs/30_qwen3_vl_vision.ipynb #17ffc89d
+class _VisionGrid(nn.Module):
+    "Where each patch sits: its learned position (the table resampled to the image's grid) and its 2-D rotary angles."
 
-    patch_embed: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+    merge: int  # patches per side of a merge block
+    side: int  # the learned table is side x side
+    inv_freq: torch.Tensor
     pos_embed: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
-
-    def __init__(
-        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
-    ):
-        super().__init__()
-        H, p, tp = vc.hidden_size, vc.patch_size, vc.temporal_patch_size
-        self.merge, self.hidden = vc.spatial_merge_size, H
-        self.patch_embed = nn.Module()
-        self.patch_embed.proj = nn.Module()
-        self.patch_embed.proj.weight = nn.Parameter(
-            torch.empty(H, vc.in_channels, tp, p, p, dtype=dtype, device=device), requires_grad=False
-        )
-        self.patch_embed.proj.bias = nn.Parameter(torch.empty(H, dtype=dtype, device=device), requires_grad=False)
-        self.pos_embed = nn.Module()
-        self.pos_embed.weight = nn.Parameter(
-            torch.empty(vc.num_position_embeddings, H, dtype=dtype, device=device), requires_grad=False
-        )
-        self.side = int(vc.num_position_embeddings**0.5)
-        hd = H // vc.num_heads
-        theta = (getattr(vc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, hd // 2, 2, dtype=torch.float32, device="cpu") / (hd // 2)))
-        self.blocks = nn.ModuleList(VisionBlock(vc, dtype, device) for _ in range(vc.depth))
-        self.merger = PatchMerger(vc, False, dtype, device)
-        self.deepstack_visual_indexes = list(vc.deepstack_visual_indexes)
-        self.deepstack_merger_list = nn.ModuleList(
-            PatchMerger(vc, True, dtype, device) for _ in self.deepstack_visual_indexes
-        )
 
     def _block_order(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         "Row and column of each patch in the processor's order: 2x2 merge blocks in raster order, raster inside each."
@@ -173,6 +148,52 @@ class Qwen3VLVisionModel(nn.Module):
             rows.append(torch.cat([ang.cos(), ang.sin()], -1).repeat(t, 1))
         return torch.cat(rows).to(device)
 
+
+# %% ../../nbs/30_qwen3_vl_vision.ipynb #c791d6b0
+def _frozen(dtype: torch.dtype | None, device: torch.device | str | None, **shapes: tuple) -> nn.Module:
+    "A plain module holding one empty, frozen parameter per `name=shape`, as the checkpoint's keys name them."
+    m = nn.Module()
+    for name, shape in shapes.items():
+        setattr(m, name, nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False))
+    return m
+
+
+# %% ../../nbs/30_qwen3_vl_vision.ipynb #eba6916a
+def _frame_bounds(grids: torch.Tensor | list) -> list:
+    "Where each frame's patches start and end in the packed patches, `[0, ...]`: each frame attends within itself."
+    cu = [0]
+    for t, h, w in grids:
+        for _ in range(t):
+            cu.append(cu[-1] + h * w)
+    return cu
+
+
+# %% ../../nbs/30_qwen3_vl_vision.ipynb #a167f6b8
+class Qwen3VLVisionModel(_VisionGrid):
+    "Patch embedding, interpolated learned positions, 2-D rotary blocks, the merger and the DeepStack mergers."
+
+    patch_embed: Any  # a plain container of named tensors or layers, in the checkpoint's key layout
+
+    def __init__(
+        self, vc: PretrainedConfig, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ):
+        super().__init__()
+        H, p, tp = vc.hidden_size, vc.patch_size, vc.temporal_patch_size
+        self.merge, self.hidden = vc.spatial_merge_size, H
+        self.patch_embed = nn.Module()
+        self.patch_embed.proj = _frozen(dtype, device, weight=(H, vc.in_channels, tp, p, p), bias=(H,))
+        self.pos_embed = _frozen(dtype, device, weight=(vc.num_position_embeddings, H))
+        self.side = int(vc.num_position_embeddings**0.5)
+        hd = H // vc.num_heads
+        theta = (getattr(vc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, hd // 2, 2, dtype=torch.float32, device="cpu") / (hd // 2)))
+        self.blocks = nn.ModuleList(VisionBlock(vc, dtype, device) for _ in range(vc.depth))
+        self.merger = PatchMerger(vc, False, dtype, device)
+        self.deepstack_visual_indexes = list(vc.deepstack_visual_indexes)
+        self.deepstack_merger_list = nn.ModuleList(
+            PatchMerger(vc, True, dtype, device) for _ in self.deepstack_visual_indexes
+        )
+
     def forward(self, pixel_values: torch.Tensor, grids: torch.Tensor | list) -> tuple[torch.Tensor, list]:
         """`(merged [tokens, out_hidden], [deepstack features [tokens, out_hidden] per index])` for patches of images
         `grids` `[(t, h, w)]`."""
@@ -182,10 +203,7 @@ class Qwen3VLVisionModel(nn.Module):
         )
         x = x + self.pos_embeds(grids).to(x.dtype)
         cs = self.rotary(grids, x.device)
-        cu = [0]
-        for t, h, ww in grids:
-            for _ in range(t):
-                cu.append(cu[-1] + h * ww)  # each frame attends within itself
+        cu = _frame_bounds(grids)
         ds = []
         for i, blk in enumerate(self.blocks):
             x = blk(x, cs, cu)

@@ -223,7 +223,7 @@ def quantize_hf_model(model, group_size: int, fmt: str = "awq") -> dict:
     return tensors
 
 
-# %% ../../nbs/23_awq_quantizer.ipynb #41759c95
+# %% ../../nbs/23_awq_quantizer.ipynb #73a64cc9
 def quantization_config(fmt: str, group_size: int) -> dict:
     "The `quantization_config` of a 4-bit checkpoint: AutoAWQ's `gemm` or compressed-tensors' `pack-quantized`."
     if fmt == "awq":
@@ -249,6 +249,7 @@ def quantization_config(fmt: str, group_size: int) -> dict:
     )
 
 
+# %% ../../nbs/23_awq_quantizer.ipynb #04b4835e
 def save_quantized(model, tensors: dict, out_dir, group_size: int, tokenizer=None, fmt: str = "awq") -> Path:
     """Write a 4-bit checkpoint in `fmt`: the `tensors` of `quantize_hf_model`, every other tensor of `model` in fp16,
     and the `quantization_config`."""
@@ -274,6 +275,7 @@ def save_quantized(model, tensors: dict, out_dir, group_size: int, tokenizer=Non
     return out
 
 
+# %% ../../nbs/23_awq_quantizer.ipynb #cc872b49
 def save_awq(model, tensors: dict, out_dir, group_size: int, tokenizer=None) -> Path:
     "`save_quantized` in AutoAWQ's `gemm` format."
     return save_quantized(model, tensors, out_dir, group_size, tokenizer, "awq")

@@ -110,6 +110,8 @@ REAL_SHAPES["mistral-7b"] = dict(
     sliding_window=4096,
     tie_word_embeddings=False,
 )
+
+# %% ../../nbs/06_checkpoints.ipynb #c64adf37
 REAL_SHAPES["gemma-2-2b"] = dict(
     model_type="gemma2",
     architectures=["Gemma2ForCausalLM"],
@@ -129,6 +131,8 @@ REAL_SHAPES["gemma-2-2b"] = dict(
     rope_theta=10000.0,
     tie_word_embeddings=True,
 )
+
+# %% ../../nbs/06_checkpoints.ipynb #97a55d3a
 REAL_SHAPES["gemma-3-1b"] = dict(
     model_type="gemma3_text",
     architectures=["Gemma3ForCausalLM"],
@@ -149,6 +153,8 @@ REAL_SHAPES["gemma-3-1b"] = dict(
     },
     tie_word_embeddings=True,
 )
+
+# %% ../../nbs/06_checkpoints.ipynb #88cdf631
 REAL_SHAPES["phi-4-mini"] = dict(
     model_type="phi3",
     architectures=["Phi3ForCausalLM"],

@@ -355,27 +355,13 @@ async def chat_completions(st: AppState, req: ChatRequest) -> dict | AsyncIterat
     return _event_stream(st, req, cid, created, "chat.completion.chunk", chunks, s.it, usage)
 
 
-# %% ../../../nbs/15g_openai_chat.ipynb #819ff25f
-class _ToolStream:
-    "One streamed choice's deltas under tools: content, and `tool_calls` deltas as calls complete."
+# %% ../../../nbs/15g_openai_chat.ipynb #acb4c9a5
+class _ToolDeltas:
+    "The `tool_calls` deltas of one streamed choice: numbered calls, a named call's arguments, a `required` list."
 
     def __init__(self, mode: str, name: str | None, parser: Callable[[], ToolParser] | None, parallel: bool = True):
         self.mode, self.name, self.calls, self.text, self.parallel = mode, name, 0, "", parallel
         self.parser = parser() if mode == "auto" and parser is not None else None
-
-    def feed(self, delta: str, finished: bool) -> list[dict]:
-        "The deltas for a piece of text (and, when `finished`, for what was held back)."
-        if self.mode == "named":
-            return self._named_deltas(delta, finished)
-        if self.mode == "required":
-            return self._required_deltas(delta, finished)
-        if self.parser is None:
-            return [{"content": delta}] if delta else []
-        evs = self.parser.feed(delta) + (self.parser.finish() if finished else [])
-        out: list[dict] = []
-        for kind, v in evs:
-            out += [{"content": v}] if kind == "content" else self._call_deltas([v])
-        return out
 
     def _call_deltas(self, calls: list[dict]) -> list[dict]:
         out = []
@@ -401,6 +387,25 @@ class _ToolStream:
             return []
         calls = _forced_calls(self.text, "required", None)
         return self._call_deltas(calls) if calls else ([{"content": self.text}] if self.text else [])
+
+
+# %% ../../../nbs/15g_openai_chat.ipynb #9935b187
+class _ToolStream(_ToolDeltas):
+    "One streamed choice's deltas under tools: content, and `tool_calls` deltas as calls complete."
+
+    def feed(self, delta: str, finished: bool) -> list[dict]:
+        "The deltas for a piece of text (and, when `finished`, for what was held back)."
+        if self.mode == "named":
+            return self._named_deltas(delta, finished)
+        if self.mode == "required":
+            return self._required_deltas(delta, finished)
+        if self.parser is None:
+            return [{"content": delta}] if delta else []
+        evs = self.parser.feed(delta) + (self.parser.finish() if finished else [])
+        out: list[dict] = []
+        for kind, v in evs:
+            out += [{"content": v}] if kind == "content" else self._call_deltas([v])
+        return out
 
     def finish_reason(self, reason: str | None) -> str | None:
         if reason != "stop" or not self.calls:

@@ -74,10 +74,14 @@ class _EngineCollector:
             value=s.prefix_cache_hit_tokens,
         )
         yield CounterMetricFamily("litellama_num_preemptions", "Sequences preempted", value=s.num_preemptions)
+        if s.num_total_state_slots:  # a hybrid model: per-sequence state slots beside the blocks (08c_state_cache)
+            yield g("litellama_state_cache_free_slots", "Free state-cache slots", s.num_free_state_slots)
+            yield g("litellama_state_cache_total_slots", "State-cache slots in all", s.num_total_state_slots)
         if s.spec is not None:
             yield from _spec_metrics(s.spec)
 
 
+# %% ../../../nbs/15ab_openai_metrics.ipynb #7bd079a3
 def _spec_metrics(st: Any) -> Iterator[Any]:
     "Speculative decoding's counters, with vLLM's names: drafts, draft tokens, accepted tokens (also per position)."
     from prometheus_client.core import CounterMetricFamily

@@ -83,17 +83,51 @@ def reasoning_parser(name: str) -> type[ReasoningParser]:
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-# %% ../../../nbs/15c_openai_reasoning_parsers.ipynb #6fc866e1
-class ThinkTagParser(ReasoningParser):
-    """Reasoning between `<think>` and `</think>`. `opens_in_reasoning`: the reply is reasoning from its start even
-    without the opening tag; otherwise it is only when the reply (or the prompt) opens the block."""
+# %% ../../../nbs/15c_openai_reasoning_parsers.ipynb #5225300f
+class _ThinkTagState(ReasoningParser):
+    """Where a `<think>` reply is (`start`, `reasoning` or `content`), the text held back, and whether a section has
+    just begun (`fresh`: its leading whitespace and an opening tag are dropped)."""
 
-    opens_in_reasoning: ClassVar[bool] = False
+    opens_in_reasoning: ClassVar[bool] = False  # is the reply reasoning from its start, without the opening tag?
 
     def __init__(self, prompt_opened: bool = False):
         super().__init__(prompt_opened)
         self.state = "reasoning" if prompt_opened or self.opens_in_reasoning else "start"
         self.buf, self.fresh = "", True  # fresh: at the start of a section, where whitespace and `<think>` are dropped
+
+    @property
+    def reasoning(self) -> bool:
+        return self.state == "reasoning"
+
+    def _section_start(self) -> str:
+        "At a section's start: `wait` for more text, `again` after dropping an opening tag, else `go` on with the text."
+        stripped = self.buf.lstrip()
+        if not stripped and self.state != "start":
+            self.buf = ""  # whitespace at the start of a section: dropped
+            return "wait"
+        if stripped.startswith(THINK_OPEN) and self.state != "content":
+            self.buf, self.state = stripped[len(THINK_OPEN) :], "reasoning"
+            return "again"  # fresh still: drop the whitespace after the tag
+        if THINK_OPEN.startswith(stripped) and self.state != "content":
+            return "wait"  # maybe the opening tag
+        if self.state == "start":
+            self.state = "content"  # no block: the reply is all answer, as it came
+        else:
+            self.buf = stripped
+        self.fresh = False
+        return "go" if self.buf else "wait"
+
+    def finish(self) -> tuple[str, str]:
+        buf, self.buf = self.buf, ""
+        if self.state == "reasoning":
+            return buf, ""
+        return "", buf
+
+
+# %% ../../../nbs/15c_openai_reasoning_parsers.ipynb #4825ea70
+class ThinkTagParser(_ThinkTagState):
+    """Reasoning between `<think>` and `</think>`. `opens_in_reasoning`: the reply is reasoning from its start even
+    without the opening tag; otherwise it is only when the reply (or the prompt) opens the block."""
 
     @classmethod
     def grammar_tags(cls, tokenizer: Any, prompt_opened: bool = False) -> ReasoningTags | None:
@@ -103,31 +137,16 @@ class ThinkTagParser(ReasoningParser):
         inside = prompt_opened or cls.opens_in_reasoning
         return ReasoningTags(close_id=ids[1][0], open_id=None if inside else ids[0][0], starts_inside=inside)
 
-    @property
-    def reasoning(self) -> bool:
-        return self.state == "reasoning"
-
     def feed(self, text: str) -> tuple[str, str]:
         self.buf += text
         out = {"reasoning": "", "content": ""}
         while self.buf:
             if self.fresh:
-                stripped = self.buf.lstrip()
-                if not stripped and self.state != "start":
-                    self.buf = ""  # whitespace at the start of a section: dropped
+                step = self._section_start()
+                if step == "wait":
                     break
-                if stripped.startswith(THINK_OPEN) and self.state != "content":
-                    self.buf, self.state = stripped[len(THINK_OPEN) :], "reasoning"
-                    continue  # fresh still: drop the whitespace after the tag
-                if THINK_OPEN.startswith(stripped) and self.state != "content":
-                    break  # maybe the opening tag: wait
-                if self.state == "start":
-                    self.state = "content"  # no block: the reply is all answer, as it came
-                else:
-                    self.buf = stripped
-                self.fresh = False
-                if not self.buf:
-                    break
+                if step == "again":
+                    continue
             if self.state == "content":
                 out["content"] += self.buf
                 self.buf = ""
@@ -141,12 +160,6 @@ class ThinkTagParser(ReasoningParser):
             out["reasoning"] += self.buf[:j]
             self.buf, self.state, self.fresh = self.buf[j + len(THINK_CLOSE) :], "content", True
         return out["reasoning"], out["content"]
-
-    def finish(self) -> tuple[str, str]:
-        buf, self.buf = self.buf, ""
-        if self.state == "reasoning":
-            return buf, ""
-        return "", buf
 
 
 # %% ../../../nbs/15c_openai_reasoning_parsers.ipynb #0d14c34b

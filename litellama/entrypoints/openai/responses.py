@@ -221,13 +221,13 @@ def _response_usage(prompt_tokens: int, output_tokens: int) -> dict:
     }
 
 
-# %% ../../../nbs/15i_openai_responses.ipynb #4f4872ea
+# %% ../../../nbs/15i_openai_responses.ipynb #c8cb7f36
 def _text_event(kind: str) -> str:
     return "response.reasoning_text" if kind == "reasoning" else "response.output_text"
 
 
-class _EventWriter:
-    "The Responses events of one streamed reply, from the chat's deltas."
+class _EventStream:
+    "Numbered server-sent events, and the output items of one reply: the one being streamed, closed, joins the rest."
 
     def __init__(self) -> None:
         self.seq = 0
@@ -243,6 +243,31 @@ class _EventWriter:
 
     def _where(self) -> dict:
         return {"item_id": self.open["id"] if self.open else "", "output_index": len(self.items)}
+
+    def close(self, status: str) -> list[str]:
+        "Events that finish the open item, which joins the output."
+        item, kind, where = self.open, self.kind, self._where()
+        if item is None:
+            return []
+        item["status"] = status
+        out = []
+        if kind == "function_call":
+            done = {"name": item["name"], "arguments": item["arguments"]}
+            out.append(self.event("response.function_call_arguments.done", **where, **done))
+        else:
+            part = item["content"][0]
+            extra: dict = {"logprobs": []} if kind == "message" else {}
+            out.append(self.event(_text_event(kind) + ".done", **where, content_index=0, text=part["text"], **extra))
+            out.append(self.event("response.content_part.done", **where, content_index=0, part=part))
+        out.append(self.event("response.output_item.done", output_index=len(self.items), item=item))
+        self.items.append(item)
+        self.open, self.kind = None, ""
+        return out
+
+
+# %% ../../../nbs/15i_openai_responses.ipynb #1c5680af
+class _EventWriter(_EventStream):
+    "The Responses events of one streamed reply, from the chat's deltas."
 
     def _start(self, kind: str, item: dict) -> list[str]:
         out = self.close("completed") if self.open is not None else []
@@ -274,26 +299,6 @@ class _EventWriter:
         if args and self.open is not None:
             self.open["arguments"] += args
             out.append(self.event("response.function_call_arguments.delta", **self._where(), delta=args))
-        return out
-
-    def close(self, status: str) -> list[str]:
-        "Events that finish the open item, which joins the output."
-        item, kind, where = self.open, self.kind, self._where()
-        if item is None:
-            return []
-        item["status"] = status
-        out = []
-        if kind == "function_call":
-            done = {"name": item["name"], "arguments": item["arguments"]}
-            out.append(self.event("response.function_call_arguments.done", **where, **done))
-        else:
-            part = item["content"][0]
-            extra: dict = {"logprobs": []} if kind == "message" else {}
-            out.append(self.event(_text_event(kind) + ".done", **where, content_index=0, text=part["text"], **extra))
-            out.append(self.event("response.content_part.done", **where, content_index=0, part=part))
-        out.append(self.event("response.output_item.done", output_index=len(self.items), item=item))
-        self.items.append(item)
-        self.open, self.kind = None, ""
         return out
 
 

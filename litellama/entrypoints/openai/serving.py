@@ -259,13 +259,12 @@ def _raise_engine_error(e: Exception) -> NoReturn:
     raise APIError(str(e), param=_param_of(str(e))) if isinstance(e, ValueError) else e
 
 
-# %% ../../../nbs/15e_openai_serving.ipynb #f620843c
-class _Run:
-    "The engine requests behind one HTTP request, merged, timed and aborted together."
+# %% ../../../nbs/15e_openai_serving.ipynb #385c89d5
+class _RunCounts:
+    "What one HTTP request's engine requests did so far: first-token time, tokens out, finishes, prefix-cache hits."
 
     def __init__(self, app_state: AppState, prompts: list, params: SamplingParams, endpoint: str):
         self.st, self.prompts, self.params, self.endpoint = app_state, prompts, params, endpoint
-        self.rids = [f"{uuid.uuid4().hex}-{i}" for i in range(len(prompts))]
         self.t0, self.num_out = time.perf_counter(), 0
         self.t_first: float | None = None
         self.outcome: str | None = None
@@ -277,65 +276,6 @@ class _Run:
     def cached_tokens(self) -> int | None:
         "The prompt tokens the prefix cache served, when the server reports them (else None)."
         return sum(self.cached.values()) if self.st.enable_prompt_tokens_details else None
-
-    async def _pump(self, q: asyncio.Queue, i: int, ids: list[int]) -> None:
-        "Put prompt `i`'s outputs on `q`, then None; an exception that ends it goes on `q` too."
-        try:
-            async for out in self.st.engine.generate(
-                ids, self.params, request_id=self.rids[i], lora_request=request_lora.get()
-            ):
-                q.put_nowait((i, out))
-            q.put_nowait((i, None))
-        except BaseException as e:
-            q.put_nowait((i, e if isinstance(e, Exception) else None))
-            if not isinstance(e, Exception):
-                raise
-
-    async def outputs(self) -> AsyncGenerator[tuple[int, Any], None]:
-        "Yield `(prompt_index, StepOutput)` as they come; on any early exit abort what is left."
-        q: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.create_task(self._pump(q, i, ids)) for i, ids in enumerate(self.prompts)]
-        open_ = len(tasks)
-        try:
-            while open_:
-                i, item = await q.get()
-                if item is None:
-                    open_ -= 1
-                    continue
-                if isinstance(item, Exception):
-                    _raise_engine_error(item)
-                self._account(i, item)
-                yield i, item
-            self.outcome = self._outcome()
-        except APIError as e:
-            self.outcome, e.counted = "error", True
-            raise
-        except BaseException:
-            self.outcome = self.outcome or "aborted"
-            raise
-        finally:
-            self._close(tasks)
-
-    async def first(self) -> tuple[tuple[int, Any] | None, AsyncGenerator[tuple[int, Any], None]]:
-        "Start the stream and wait for its first output, so that a request the engine rejects is still a plain 400."
-        it = self.outputs()
-        try:
-            first: tuple[int, Any] | None = await it.__anext__()
-        except StopAsyncIteration:
-            first = None
-        except BaseException:
-            await it.aclose()
-            raise
-        return first, it
-
-    def _close(self, tasks: list) -> None:
-        "Cancel the pumps, abort the engine requests unless all went well, record the metrics."
-        for t in tasks:
-            t.cancel()  # a no-op on a task that is done
-        if self.outcome != "success":
-            for rid in self.rids:
-                self.st.engine.abort(rid)
-        self._record()
 
     def _outcome(self) -> str:
         "`success` when every completion finished and none was aborted, else `aborted`."
@@ -355,21 +295,95 @@ class _Run:
             self.done.add((i, out.index))
             self.finish_reasons[(i, out.index)] = out.finish_reason
 
-    def _record(self) -> None:
-        m = self.st.metrics
-        m.requests.labels(self.endpoint, self.outcome or "aborted").inc()
-        if self.outcome == "error":
-            return
-        for r in self.finish_reasons.values():
-            m.finish.labels(r).inc()
-        m.prompt_tokens.inc(sum(len(p) for p in self.prompts))
-        m.generation_tokens.inc(self.num_out)
-        end = time.perf_counter()
-        if self.outcome == "success":
-            m.e2e.observe(end - self.t0)
-            per_seq = self.num_out / max(len(self.done), 1)
-            if self.t_first is not None and per_seq > 1:
-                m.tpot.observe((end - self.t_first) / (per_seq - 1))
+
+# %% ../../../nbs/15e_openai_serving.ipynb #5b1182eb
+def _record_run(run: _RunCounts) -> None:
+    "Count a finished run in the server's metrics: its outcome, finish reasons, tokens, end-to-end time and TPOT."
+    m = run.st.metrics
+    m.requests.labels(run.endpoint, run.outcome or "aborted").inc()
+    if run.outcome == "error":
+        return
+    for r in run.finish_reasons.values():
+        m.finish.labels(r).inc()
+    m.prompt_tokens.inc(sum(len(p) for p in run.prompts))
+    m.generation_tokens.inc(run.num_out)
+    end = time.perf_counter()
+    if run.outcome == "success":
+        m.e2e.observe(end - run.t0)
+        per_seq = run.num_out / max(len(run.done), 1)
+        if run.t_first is not None and per_seq > 1:
+            m.tpot.observe((end - run.t_first) / (per_seq - 1))
+
+
+def _close_run(run: "_Run", tasks: list) -> None:
+    "Cancel the pumps, abort the engine requests unless all went well, record the metrics."
+    for t in tasks:
+        t.cancel()  # a no-op on a task that is done
+    if run.outcome != "success":
+        for rid in run.rids:
+            run.st.engine.abort(rid)
+    _record_run(run)
+
+
+# %% ../../../nbs/15e_openai_serving.ipynb #1e4a3471
+async def _pump(run: "_Run", q: asyncio.Queue, i: int) -> None:
+    "Put prompt `i`'s outputs on `q`, then None; an exception that ends it goes on `q` too."
+    try:
+        async for out in run.st.engine.generate(
+            run.prompts[i], run.params, request_id=run.rids[i], lora_request=request_lora.get()
+        ):
+            q.put_nowait((i, out))
+        q.put_nowait((i, None))
+    except BaseException as e:
+        q.put_nowait((i, e if isinstance(e, Exception) else None))
+        if not isinstance(e, Exception):
+            raise
+
+
+# %% ../../../nbs/15e_openai_serving.ipynb #e8e6cf47
+class _Run(_RunCounts):
+    "The engine requests behind one HTTP request, merged, timed and aborted together."
+
+    def __init__(self, app_state: AppState, prompts: list, params: SamplingParams, endpoint: str):
+        super().__init__(app_state, prompts, params, endpoint)
+        self.rids = [f"{uuid.uuid4().hex}-{i}" for i in range(len(prompts))]
+
+    async def outputs(self) -> AsyncGenerator[tuple[int, Any], None]:
+        "Yield `(prompt_index, StepOutput)` as they come; on any early exit abort what is left."
+        q: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(_pump(self, q, i)) for i in range(len(self.prompts))]
+        open_ = len(tasks)
+        try:
+            while open_:
+                i, item = await q.get()
+                if item is None:
+                    open_ -= 1
+                    continue
+                if isinstance(item, Exception):
+                    _raise_engine_error(item)
+                self._account(i, item)
+                yield i, item
+            self.outcome = self._outcome()
+        except APIError as e:
+            self.outcome, e.counted = "error", True
+            raise
+        except BaseException:
+            self.outcome = self.outcome or "aborted"
+            raise
+        finally:
+            _close_run(self, tasks)
+
+    async def first(self) -> tuple[tuple[int, Any] | None, AsyncGenerator[tuple[int, Any], None]]:
+        "Start the stream and wait for its first output, so that a request the engine rejects is still a plain 400."
+        it = self.outputs()
+        try:
+            first: tuple[int, Any] | None = await it.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await it.aclose()
+            raise
+        return first, it
 
 
 # %% ../../../nbs/15e_openai_serving.ipynb #fa4bbd77

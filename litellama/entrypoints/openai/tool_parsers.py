@@ -158,7 +158,25 @@ def _held(text: str, tag: str) -> int:
     return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:k])), 0)
 
 
-# %% ../../../nbs/15b_openai_tool_parsers.ipynb #7f932f13
+# %% ../../../nbs/15b_openai_tool_parsers.ipynb #b15ebae0
+def _hermes_call(body: str) -> tuple[str, Any]:
+    "A `<tool_call>` block's body as a call, or back into the content (tags and all) if it is not one."
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if not (
+        isinstance(obj, dict) and isinstance(obj.get("name"), str) and isinstance(obj.get("arguments", {}), (dict, str))
+    ):
+        return ("content", TOOL_OPEN + body + TOOL_CLOSE)
+    args = obj.get("arguments", {})
+    return (
+        "call",
+        {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
+    )
+
+
+# %% ../../../nbs/15b_openai_tool_parsers.ipynb #29017c27
 @register_tool_parser
 class HermesToolParser(ToolParser):
     "`<tool_call>{json}</tool_call>` blocks, as Qwen2.5's and Qwen3's templates ask for."
@@ -172,23 +190,6 @@ class HermesToolParser(ToolParser):
     @classmethod
     def recognizes(cls, chat_template: str) -> bool:
         return TOOL_OPEN in chat_template and "<function=" not in chat_template  # not Qwen3-Coder's XML calls
-
-    def _call(self, body: str) -> tuple[str, Any]:
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            obj = None
-        if not (
-            isinstance(obj, dict)
-            and isinstance(obj.get("name"), str)
-            and isinstance(obj.get("arguments", {}), (dict, str))
-        ):
-            return ("content", TOOL_OPEN + body + TOOL_CLOSE)
-        args = obj.get("arguments", {})
-        return (
-            "call",
-            {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
-        )
 
     def feed(self, text: str) -> list[tuple[str, Any]]:
         self.buf += text
@@ -207,7 +208,7 @@ class HermesToolParser(ToolParser):
                 j = self.buf.find(TOOL_CLOSE)
                 if j < 0:
                     break
-                out.append(self._call(self.buf[:j].strip()))
+                out.append(_hermes_call(self.buf[:j].strip()))
                 self.buf, self.in_call = self.buf[j + len(TOOL_CLOSE) :], False
         return [e for e in out if e[1]]
 
@@ -215,7 +216,7 @@ class HermesToolParser(ToolParser):
         buf, self.buf = self.buf, ""
         if not self.in_call:
             return [("content", buf)] if buf else []
-        ev = self._call(buf.strip())
+        ev = _hermes_call(buf.strip())
         return [ev if ev[0] == "call" else ("content", TOOL_OPEN + buf)]
 
 
