@@ -1,6 +1,6 @@
 """The house rules that drift quietly, checked on the exported package: interfaces declared whole (no name defined
 twice in a module), modules of a readable size, annotated signatures where interfaces live, tuned launch tables as
-data, one execution path."""
+data, one execution path, capabilities declared rather than asked of a class."""
 
 import ast
 import re
@@ -60,3 +60,18 @@ def test_tuned_tables_are_data():
 def test_one_execution_path():
     users = [rel(p) for p in SOURCES if re.search(r"\bin_process\b", p.read_text())]
     assert not users, f"the engine asks which executor it holds: {users}"
+
+
+EXECUTOR_CLASSES = r"\b(?:InProcessExecutor|MultiprocExecutor|Executor)\b"
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.relative_to(PKG).parts[0] != "executor"], ids=rel)
+def test_capabilities_not_isinstance(path):
+    "What an executor can do is read from its declared `Capabilities`, never from which class it is."
+    asks = [
+        f"{rel(path)}:{node.lineno}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass")
+        and len(node.args) == 2 and re.search(EXECUTOR_CLASSES, ast.unparse(node.args[1]))
+    ]  # fmt: skip
+    assert not asks, f"asks which executor it holds (declare a capability instead): {asks}"
