@@ -22,7 +22,7 @@ from pathlib import Path
 
 # %% ../../nbs/19_docs.ipynb #fb16b05c
 SECTIONS = [
-    ("Start", ["nbs/index.ipynb", "nbs/coming_from_vllm.ipynb"]),
+    ("Start", ["nbs/index.ipynb", "nbs/course.ipynb", "nbs/coming_from_vllm.ipynb"]),
     ("Foundations", ["nbs/00*"]),
     ("Models", ["nbs/01*", "nbs/02*", "nbs/03*", "nbs/04*", "nbs/05*", "nbs/06*"]),
     ("KV cache", ["nbs/08*"]),
