@@ -15,7 +15,6 @@ import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from fnmatch import fnmatch
 from multiprocessing import get_context
 from pathlib import Path
@@ -250,17 +249,19 @@ def render_page(nb, rel, plan, titles, pages) -> str:
 
 
 # %% ../../nbs/19_docs.ipynb #a18c2290
+def _execute_job(job: tuple) -> tuple:
+    "`_execute` of one `(src, dst, cell_timeout)` job: a pool hands its workers one argument."
+    return _execute(*job)
+
+
 def _execute_all(root: Path, rels: list, tmp: Path, n_workers: int, cell_timeout: int) -> dict:
     "Execute the notebooks `rels` into `tmp`, `n_workers` at a time, printing their times: {notebook: failed cells}."
-    from litellama.devtools.docs import (
-        _execute as execute,  # spawned workers import it by name
-    )
+    from litellama.devtools.docs import _execute_job as run_job  # spawned workers import it by name
 
     failed = {}
     jobs = [(str(root / r), str(tmp / (page_name(r) + ".ipynb")), cell_timeout) for r in rels]
-    fresh = {"max_tasks_per_child": 4} if sys.version_info >= (3, 11) else {}  # what each notebook leaves in memory
-    with ProcessPoolExecutor(n_workers, mp_context=get_context("spawn"), **fresh) as pool:  # does not pile up
-        for src, secs, errors in pool.map(execute, *zip(*jobs, strict=True)):
+    with get_context("spawn").Pool(n_workers, maxtasksperchild=4) as pool:  # a fresh worker every 4 notebooks:
+        for src, secs, errors in pool.imap(run_job, jobs):  # what each one leaves in memory does not pile up
             rel = str(Path(src).relative_to(root))
             print(f"  {rel:<40} {secs:5.1f} s" + (f"  ({len(errors)} cell(s) failed)" if errors else ""), flush=True)
             if errors:
