@@ -22,7 +22,7 @@ GPT_OSS = dict(
     num_local_experts=4, num_experts_per_tok=2, swiglu_limit=7.0, rope_parameters={
         "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
         "truncate": False, "original_max_position_embeddings": 64},
-)  # fmt: skip  (swiglu_limit: gpt-oss' own 7.0, which transformers before 5.18 uses whatever the config says)
+)  # fmt: skip  (swiglu_limit: gpt-oss' own 7.0, which transformers 5.17 uses whatever the config says)
 GPU_FAMILIES = {
     **FAMILIES,
     "mistral-sliding": ("tiny-llama", dict(model_type="mistral", num_hidden_layers=2, sliding_window=12)),
