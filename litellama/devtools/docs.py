@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from fnmatch import fnmatch
 from multiprocessing import get_context
 from pathlib import Path
@@ -249,23 +250,22 @@ def render_page(nb, rel, plan, titles, pages) -> str:
 
 
 # %% ../../nbs/19_docs.ipynb #a18c2290
-def _execute_job(job: tuple) -> tuple:
-    "`_execute` of one `(src, dst, cell_timeout)` job: a pool hands its workers one argument."
-    return _execute(*job)
-
-
 def _execute_all(root: Path, rels: list, tmp: Path, n_workers: int, cell_timeout: int) -> dict:
     "Execute the notebooks `rels` into `tmp`, `n_workers` at a time, printing their times: {notebook: failed cells}."
-    from litellama.devtools.docs import _execute_job as run_job  # spawned workers import it by name
+    from litellama.devtools.docs import (
+        _execute as execute,  # spawned workers import it by name
+    )
 
-    failed = {}
+    failed, batch = {}, 4 * n_workers  # fresh workers every few notebooks: what each leaves in memory does not pile up
     jobs = [(str(root / r), str(tmp / (page_name(r) + ".ipynb")), cell_timeout) for r in rels]
-    with get_context("spawn").Pool(n_workers, maxtasksperchild=4) as pool:  # a fresh worker every 4 notebooks:
-        for src, secs, errors in pool.imap(run_job, jobs):  # what each one leaves in memory does not pile up
-            rel = str(Path(src).relative_to(root))
-            print(f"  {rel:<40} {secs:5.1f} s" + (f"  ({len(errors)} cell(s) failed)" if errors else ""), flush=True)
-            if errors:
-                failed[rel] = errors
+    for start in range(0, len(jobs), batch):  # (not daemons: a notebook may start processes of its own)
+        with ProcessPoolExecutor(n_workers, mp_context=get_context("spawn")) as pool:
+            for src, secs, errors in pool.map(execute, *zip(*jobs[start : start + batch], strict=True)):
+                rel = str(Path(src).relative_to(root))
+                note = f"  ({len(errors)} cell(s) failed)" if errors else ""
+                print(f"  {rel:<40} {secs:5.1f} s{note}", flush=True)
+                if errors:
+                    failed[rel] = errors
     return failed
 
 
