@@ -152,37 +152,12 @@ def _sum_slices(
         _store_out(out_ptr + at, b_ptr + rn_c, acc, mask, HAS_BIAS)
 
 
-# %% ../../kernels_nb/13b_w4a16_hopper.ipynb #hop17
-@gluon.jit(do_not_specialize=["M"])
-def _w4_wgmma_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, G, s_xm, magic2, HAS_BIAS: gl.constexpr,
-    SPLIT: gl.constexpr, MAGIC_VAL: gl.constexpr, BLOCK_N: gl.constexpr, K_SPLIT: gl.constexpr, GROUP: gl.constexpr,
-):  # fmt: skip
-    """`out^T [BLOCK_N, 16]` of `BLOCK_N` outputs over one slice of `K_SPLIT` inputs, the 4-bit weight as the `A`
-    operand of the warpgroup MMA; `M <= 16` rows of `x`."""
-    BLOCK_M: gl.constexpr = 16
-    STEPS: gl.constexpr = K_SPLIT // _BK
-    SPG: gl.constexpr = GROUP // _BK  # steps per group
-    NW: gl.constexpr = gl.num_warps()
+# %% ../../kernels_nb/13b_w4a16_hopper.ipynb #hop17b
+@gluon.jit
+def _stage_x(x_ptr, s_xm, M, k_base, STEPS: gl.constexpr, BLOCK_M: gl.constexpr, NW: gl.constexpr):
+    "`STEPS` tiles `[BLOCK_M, _BK]` of `x` from `k_base` in shared memory, in MMA order, and each tile's row sums."
     dtype: gl.constexpr = x_ptr.dtype.element_ty
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, 16, 16])
-    w_l: gl.constexpr = _word_layout(BLOCK_N, NW)
     x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
-    pid_n, pid_k = gl.program_id(0), gl.program_id(1)
-    k_base = pid_k * K_SPLIT
-
-    # 1. the first two steps' words, scales and zeros; rows past N read row N - 1 and are not stored
-    rows = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_l)), N - 1)
-    KW = gl.multiple_of(K // 8, _BK // 8)
-    words = k_base // 8 + gl.arange(0, _BK // 8, layout=gl.SliceLayout(0, w_l))
-    w_ptrs = qw_ptr + rows.to(gl.int64)[:, None] * KW + words[None, :]
-    rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-    rn_c = gl.minimum(rn, N - 1)
-    g_ptrs = rn_c.to(gl.int64) * G + k_base // GROUP
-    wa, sa, za = _load_step(w_ptrs, g_ptrs, s_ptr, z_ptr, 0, SPG)
-    wb, sb, zb = _load_step(w_ptrs, g_ptrs, s_ptr, z_ptr, 1, SPG)
-
-    # 2. x of the slice in MMA order, and its sum per step and row
     x_s = gl.allocate_shared_memory(
         dtype, [STEPS, BLOCK_M, _BK], gl.NVMMASharedLayout.get_default_for([BLOCK_M, _BK], dtype)
     )
@@ -197,6 +172,50 @@ def _w4_wgmma_kernel(
         x_s.index(i).store(_x_mma_order(xt, BLOCK_M))
     fence_async_shared()
     _barrier()
+    return x_s, sum_s
+
+
+@gluon.jit
+def _write_out(acc, out_ptr, b_ptr, part_ptr, cnt_ptr, rn, rn_c, rm, pid_n, pid_k, M, N, HAS_BIAS: gl.constexpr,
+               SPLIT: gl.constexpr, BLOCK_M: gl.constexpr):  # fmt: skip
+    "`acc` `[BLOCK_N, BLOCK_M]` (the transposed output, rows `rn`, columns `rm`) stored, or with split K summed."
+    mask = (rn < N)[:, None] & (rm < M)[None, :]
+    at = rm.to(gl.int64)[None, :] * N + rn[:, None]
+    if SPLIT:
+        _sum_slices(acc, part_ptr, cnt_ptr, out_ptr, b_ptr, at, mask, rn, rn_c, pid_n, pid_k, M, N, HAS_BIAS, BLOCK_M)
+    else:
+        _store_out(out_ptr + at, b_ptr + rn_c, acc, mask, HAS_BIAS)
+
+
+# %% ../../kernels_nb/13b_w4a16_hopper.ipynb #hop17
+@gluon.jit(do_not_specialize=["M"])
+def _w4_wgmma_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, G, s_xm, magic2, HAS_BIAS: gl.constexpr,
+    SPLIT: gl.constexpr, MAGIC_VAL: gl.constexpr, BLOCK_N: gl.constexpr, K_SPLIT: gl.constexpr, GROUP: gl.constexpr,
+):  # fmt: skip
+    """`out^T [BLOCK_N, 16]` of `BLOCK_N` outputs over one slice of `K_SPLIT` inputs, the 4-bit weight as the `A`
+    operand of the warpgroup MMA; `M <= 16` rows of `x`."""
+    BLOCK_M: gl.constexpr = 16
+    STEPS: gl.constexpr = K_SPLIT // _BK
+    SPG: gl.constexpr = GROUP // _BK  # steps per group
+    NW: gl.constexpr = gl.num_warps()
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, 16, 16])
+    w_l: gl.constexpr = _word_layout(BLOCK_N, NW)
+    pid_n, pid_k = gl.program_id(0), gl.program_id(1)
+    k_base = pid_k * K_SPLIT
+
+    # 1. the first two steps' words, scales and zeros; rows past N read row N - 1 and are not stored
+    rows = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_l)), N - 1)
+    KW = gl.multiple_of(K // 8, _BK // 8)
+    words = k_base // 8 + gl.arange(0, _BK // 8, layout=gl.SliceLayout(0, w_l))
+    w_ptrs = qw_ptr + rows.to(gl.int64)[:, None] * KW + words[None, :]
+    rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    rn_c = gl.minimum(rn, N - 1)
+    g_ptrs = rn_c.to(gl.int64) * G + k_base // GROUP
+    wa, sa, za = _load_step(w_ptrs, g_ptrs, s_ptr, z_ptr, 0, SPG)
+    wb, sb, zb = _load_step(w_ptrs, g_ptrs, s_ptr, z_ptr, 1, SPG)
+
+    x_s, sum_s = _stage_x(x_ptr, s_xm, M, k_base, STEPS, BLOCK_M, NW)  # 2. x of the slice, in MMA order
 
     # 3. the steps in pairs, each pair's words in two fixed sets of registers
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
@@ -211,12 +230,7 @@ def _w4_wgmma_kernel(
         )
 
     rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))  # 4. the outputs (split K: the planes' sum)
-    mask = (rn < N)[:, None] & (rm < M)[None, :]
-    at = rm.to(gl.int64)[None, :] * N + rn[:, None]
-    if SPLIT:
-        _sum_slices(acc, part_ptr, cnt_ptr, out_ptr, b_ptr, at, mask, rn, rn_c, pid_n, pid_k, M, N, HAS_BIAS, BLOCK_M)
-    else:
-        _store_out(out_ptr + at, b_ptr + rn_c, acc, mask, HAS_BIAS)
+    _write_out(acc, out_ptr, b_ptr, part_ptr, cnt_ptr, rn, rn_c, rm, pid_n, pid_k, M, N, HAS_BIAS, SPLIT, BLOCK_M)
 
 
 # %% ../../kernels_nb/13b_w4a16_hopper.ipynb #hop19
